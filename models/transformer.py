@@ -158,8 +158,11 @@ class Transformer(nn.Module):
         w = self.norm.weight
         return KVCache(self.config, max_len or self.config.max_seq_len, batch, w.dtype, w.device)
 
-    def forward(self, tokens: Tensor, positions: Tensor, cache: KVCache) -> Tensor:
+    def forward(self, tokens: Tensor, positions: Tensor, cache: KVCache, last_only: bool = False) -> Tensor:
         """tokens, positions: [B, T] (positions equal across the batch) -> logits [B, T, V] in fp32.
+
+        `last_only` computes the head for the last position only: prefill needs no more, and the
+        head is a large share of the work (vocab x dim per token).
 
         The caller keeps `cache.window` >= 1 + the largest position; a smaller window (rounded up to a
         bucket) makes attention read fewer slots without a host sync inside the step.
@@ -173,4 +176,6 @@ class Transformer(nn.Module):
         pos = positions[0]
         for layer in self.layers:
             x = layer(x, cos, sin, mask, pos, cache)
+        if last_only:
+            x = x[:, -1:]
         return self.lm_head(self.norm(x)).float()

@@ -1,0 +1,128 @@
+"""The loaded target (and draft) model, its KV cache, and the few tensor verbs a reply needs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..models.progress import ProgressFn
+from ..models.transformer import Transformer
+from .session import Session, common_prefix
+from .speculative import Drafter, PromptLookup
+
+PREFILL_CHUNK = 512  # long pastes prefill in pieces so activation memory stays bounded
+WINDOW_BUCKET = 256  # attention reads the cache up to the next multiple of this
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class Engine:
+    """Owns the target's KV cache and runs one reply at a time.
+
+    `cached_ids` are exactly the tokens whose keys/values the cache holds, in order; every reply
+    starts by keeping the longest prefix of them that its prompt shares.
+    """
+
+    def __init__(self, model: Transformer, tokenizer, *, name: str = "model", quantization: str = "none",
+                 context_window: int | None = None, draft: Drafter | None = None) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.model_name = name
+        self.quantization = quantization
+        self.context_window = min(context_window or 8192, model.config.max_seq_len)
+        self.device = model.norm.weight.device
+        self.cache = model.new_cache(self.context_window)
+        self.cached_ids: list[int] = []
+        self.prompt_lookup = PromptLookup()
+        self.draft = draft
+
+    @classmethod
+    def load(cls, model_ref: str | None = None, *, quant: str = "awq", draft: str | None = None,
+             progress: ProgressFn | None = None, device: str | None = None,
+             context_window: int | None = None, group_size: int = 128) -> Engine:
+        """Resolve, (quantize on first use,) and load a model; `draft` is a second model ref."""
+        from ..models.loading import load_model
+        from ..models.resolve import resolve
+        from ..models.tokenizer import load_tokenizer
+
+        dev = torch.device(device) if device else default_device()
+        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+        files = resolve(model_ref, progress=progress)
+        tokenizer = load_tokenizer(files)
+        quantization = "none"
+        if quant == "awq":
+            from ..models.quantize.cache import ensure_quantized
+
+            files = ensure_quantized(files, group_size=group_size, progress=progress)
+            quantization = "awq-int4"
+        elif quant != "none":
+            raise ValueError(f"--quant {quant!r}: expected 'awq' or 'none'")
+        model = load_model(files, dtype=dtype, device=dev)
+        if quantization == "none" and model.config.quantization:
+            quantization = f"{model.config.quantization.get('quant_method', 'quantized')}-int4"
+        name = files.repo_id or Path(files.path).name
+        drafter: Drafter | None = None
+        if draft:
+            from .speculative import DraftModel
+
+            dfiles = resolve(draft, progress=progress)
+            drafter = DraftModel(load_model(dfiles, dtype=dtype, device=dev), load_tokenizer(dfiles), tokenizer)
+        return cls(model, tokenizer, name=name, quantization=quantization,
+                   context_window=context_window or int(os.environ.get("PARLEY_CONTEXT", 0)) or None,
+                   draft=drafter)
+
+    def session(self, system_prompt: str | None = None) -> Session:
+        return Session(self, system_prompt)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text))
+
+    def drafter(self, mode: str) -> Drafter | None:
+        """The drafter for a speculation mode; `auto` prefers a configured draft model."""
+        if mode == "off":
+            return None
+        if mode == "draft" or (mode == "auto" and self.draft is not None):
+            return self.draft
+        return self.prompt_lookup
+
+    # -- tensor verbs -------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def forward(self, tokens: list[int], last_only: bool = False) -> Tensor:
+        """Logits [T, V] for `tokens` placed right after `cached_ids`; their KV is written but not
+        claimed until `commit`."""
+        start = len(self.cached_ids)
+        end = start + len(tokens)
+        if end > self.cache.max_len:
+            raise ValueError(f"{end} positions exceed the context window of {self.cache.max_len}")
+        self.cache.window = min(self.cache.max_len, -(-end // WINDOW_BUCKET) * WINDOW_BUCKET)
+        ids = torch.tensor([tokens], device=self.device)
+        pos = torch.arange(start, end, device=self.device)[None]
+        return self.model(ids, pos, self.cache, last_only)[0]
+
+    def commit(self, tokens: list[int]) -> None:
+        """Claim the KV just computed for `tokens` (a prefix of the last forward's input)."""
+        self.cached_ids.extend(tokens)
+        self.cache.length = len(self.cached_ids)
+
+    def rollback(self, length: int) -> None:
+        del self.cached_ids[length:]
+        self.cache.truncate(length)
+
+    def prefill(self, ids: list[int]) -> int:
+        """Make the cache hold exactly `ids`, reusing the common prefix; returns how many were reused."""
+        reused = common_prefix(self.cached_ids, ids)
+        self.rollback(reused)
+        for i in range(reused, len(ids), PREFILL_CHUNK):
+            chunk = ids[i : i + PREFILL_CHUNK]
+            self.forward(chunk, last_only=True)
+            self.commit(chunk)
+        return reused
+
+    def reset_cache(self) -> None:
+        self.rollback(0)
