@@ -86,6 +86,56 @@ class ModelConfig:
             raise ConfigError(f"{path}: not valid JSON ({e}); re-download the model") from None
         return cls.from_hf(cfg, source=str(path))
 
+    @classmethod
+    def from_gguf(cls, source: str | Path | Any) -> ModelConfig:
+        """From a GGUF file's metadata (`source`: its path, or an open `gguf.GGUFReader` to parse it once).
+
+        GGUF has no flag for tied embeddings or qkv bias: they show as a missing `output.weight` and a
+        present `blk.0.attn_q.bias`.
+        """
+        from .gguf_weights import metadata, open_gguf
+
+        reader = open_gguf(source) if isinstance(source, (str, Path)) else source
+        meta = metadata(reader)
+        path = getattr(reader.data, "filename", None) or "GGUF file"  # the memmap knows its file
+        arch = meta.get("general.architecture", "")
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ConfigError(
+                f"{path}: architecture {arch!r} is not supported; Parley runs "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)}. Pick a GGUF of one of those families."
+            )
+        names = {t.name for t in reader.tensors}
+
+        def get(key: str, default: Any = None) -> Any:
+            value = meta.get(f"{arch}.{key}", default)
+            if value is None:
+                raise ConfigError(f"{path}: metadata {arch}.{key} is missing; the file is incomplete, re-download it")
+            return value
+
+        n_heads = int(get("attention.head_count"))
+        dim = int(get("embedding_length"))
+        vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))
+        rope_scaling = None
+        if meta.get(f"{arch}.rope.scaling.type") == "linear":
+            rope_scaling = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
+        return cls(
+            arch=arch,
+            vocab_size=int(vocab),
+            dim=dim,
+            n_layers=int(get("block_count")),
+            n_heads=n_heads,
+            n_kv_heads=int(get("attention.head_count_kv", n_heads)),
+            intermediate_size=int(get("feed_forward_length")),
+            head_dim=int(get("attention.key_length", dim // n_heads)),
+            norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+            rope_theta=float(get("rope.freq_base", 10000.0)),
+            rope_scaling=rope_scaling,
+            max_seq_len=int(get("context_length", 4096)),
+            tie_embeddings="output.weight" not in names,
+            qkv_bias="blk.0.attn_q.bias" in names,
+            qk_norm="blk.0.attn_q_norm.weight" in names,
+        )
+
     def to_hf(self) -> dict[str, Any]:
         """The `config.json` transformers and vLLM expect for this model."""
         cfg: dict[str, Any] = {
