@@ -1,2 +1,154 @@
-def main():
-    print("hi")
+"""`parley`: the chat app by default, plus headless `generate`, `quantize` and `bench` commands."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import threading
+
+# Subcommands implemented in their own modules (`add_arguments(parser)`, `run(args) -> int`).
+BENCHES = {
+    "decode": "bench_decode",
+    "kernels": "bench_kernels",
+    "quality": "bench_quality",
+    "speculative": "bench_speculative",
+}
+
+
+def _module(name: str):
+    return importlib.import_module(f"parley.app.{name}")
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None,
+                   help="hub id (org/name[@rev]), local directory or .gguf file; default: this machine's default")
+    p.add_argument("--quant", choices=("awq", "none"), default="awq",
+                   help="awq: INT4, quantized and cached on first use (default); none: the weights as they are")
+    p.add_argument("--draft", default=None, help="a draft model (same tokenizer) for speculative decoding")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--min-p", type=float, default=0.0, help="0 = off")
+    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--speculation", choices=("off", "prompt-lookup", "draft", "auto"), default="auto")
+    p.add_argument("--draft-tokens", type=int, default=8, help="upper bound of the adaptive draft length")
+
+
+def params_from_args(args: argparse.Namespace):
+    from ..engine.params import GenerationParams
+
+    params = GenerationParams(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+        max_new_tokens=args.max_new_tokens, seed=args.seed, speculation=args.speculation,
+        draft_tokens=args.draft_tokens,
+    )
+    params.validate()
+    return params
+
+
+def print_progress(p) -> None:
+    """First-run progress on stderr for headless commands."""
+    if p.stage == "download" and p.total:
+        msg = f"downloading {p.detail} {p.done / 1e6:.1f}/{p.total / 1e6:.1f} MB"
+    else:
+        msg = f"{p.stage}: {p.detail or f'{p.done:g}/{p.total:g} {p.unit}'}"
+    print(f"\r{msg[:100]:<100}", end="\n" if p.total and p.done >= p.total else "", file=sys.stderr, flush=True)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from ..engine.engine import Engine
+    from ..engine.events import Done, Stats, TextDelta
+
+    params = params_from_args(args)
+    engine = Engine.load(args.model, quant=args.quant, draft=args.draft, device=args.device,
+                         progress=print_progress)
+    messages = [{"role": "user", "content": args.prompt}]
+    session = engine.session(system_prompt=args.system)
+    stats, done = None, None
+    try:
+        for ev in session.reply(messages, params, threading.Event()):
+            if isinstance(ev, TextDelta):
+                sys.stdout.write(ev.text)
+                sys.stdout.flush()
+            elif isinstance(ev, Stats):
+                stats = ev
+            elif isinstance(ev, Done):
+                done = ev
+    except KeyboardInterrupt:
+        return 130
+    sys.stdout.write("\n")
+    if args.stats and stats is not None:
+        print(json.dumps({**stats.to_json(), "done": done.reason if done else None}), file=sys.stderr)
+    if done is not None and done.reason == "error":
+        print(f"parley: error: {done.detail}", file=sys.stderr)
+        return 1
+    if done is not None and done.reason == "length" and "context window" in done.detail:
+        print(f"parley: {done.detail}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="parley", description=__doc__)
+    sub = parser.add_subparsers(dest="command")
+
+    chat = sub.add_parser("chat", help="open the chat app (the default)")
+    add_model_arguments(chat)
+    chat.add_argument("--speculation", choices=("off", "prompt-lookup", "draft", "auto"), default="auto")
+
+    gen = sub.add_parser("generate", help="answer one prompt headlessly, streaming to stdout")
+    gen.add_argument("prompt")
+    gen.add_argument("--system", default=None, help="system prompt")
+    gen.add_argument("--stats", action="store_true", help="print final stats as one JSON line on stderr")
+    add_model_arguments(gen)
+    add_sampling_arguments(gen)
+
+    add_module_command(sub, "quantize", "cli_quantize", "AWQ-quantize a model into the Parley cache")
+    bench = sub.add_parser("bench", help="print speed / quality figures")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    for name, module in BENCHES.items():
+        add_module_command(bench_sub, name, module)
+    return parser
+
+
+def add_module_command(sub, name: str, module: str, help: str | None = None) -> None:
+    try:
+        mod = _module(module)
+    except ImportError as e:  # a command whose optional dependency is missing stays listed, with why
+        sub.add_parser(name, help=f"(unavailable: {e})").set_defaults(unavailable=str(e))
+        return
+    p = sub.add_parser(name, help=help or (mod.__doc__ or "").strip().splitlines()[0])
+    mod.add_arguments(p)
+    p.set_defaults(module=mod)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv = ["chat", *argv]
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "chat":
+            return _module("tui").run(args)
+        if args.command == "generate":
+            return cmd_generate(args)
+        if args.command in ("quantize", "bench"):
+            if getattr(args, "unavailable", None):
+                parser.error(f"{' '.join(argv[:2])} is unavailable: {args.unavailable}")
+            return args.module.run(args)
+    except ValueError as e:  # bad input: the message names the value and the fix
+        print(f"parley: error: {e}", file=sys.stderr)
+        return 2
+    parser.print_help()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
