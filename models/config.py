@@ -88,23 +88,22 @@ class ModelConfig:
 
     @classmethod
     def from_gguf(cls, source: str | Path | Any) -> ModelConfig:
-        """From a GGUF file's metadata (`source`: its path, or an open `gguf.GGUFReader` to parse it once).
+        """From a GGUF file's metadata (`source`: its path, or a `gguf_weights.GGUFFile` already opened).
 
         GGUF has no flag for tied embeddings or qkv bias: they show as a missing `output.weight` and a
         present `blk.0.attn_q.bias`.
         """
-        from .gguf_weights import metadata, open_gguf
+        from .gguf_weights import open_gguf
 
-        reader = open_gguf(source) if isinstance(source, (str, Path)) else source
-        meta = metadata(reader)
-        path = getattr(reader.data, "filename", None) or "GGUF file"  # the memmap knows its file
+        file = open_gguf(source) if isinstance(source, (str, Path)) else source
+        meta, path = file.metadata, file.path
         arch = meta.get("general.architecture", "")
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ConfigError(
                 f"{path}: architecture {arch!r} is not supported; Parley runs "
                 f"{', '.join(SUPPORTED_ARCHITECTURES)}. Pick a GGUF of one of those families."
             )
-        names = {t.name for t in reader.tensors}
+        names = {t.name for t in file.tensors}
 
         def get(key: str, default: Any = None) -> Any:
             value = meta.get(f"{arch}.{key}", default)

@@ -8,7 +8,9 @@ Our Transformer rotates halves, as Hugging Face does, so those rows are permuted
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,27 +40,112 @@ _TOP_NAMES = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm
 _PERMUTED_ARCHS = ("llama",)
 
 
-def open_gguf(path: str | Path) -> gguf.GGUFReader:
-    """The file memory-mapped and its header parsed; a clear error when it is not a readable GGUF."""
+@dataclass(frozen=True)
+class GGUFTensor:
+    name: str
+    shape: tuple[int, ...]  # PyTorch order ([out, in]); GGUF lists dimensions the other way round
+    kind: gguf.GGMLQuantizationType
+    data: np.ndarray  # raw bytes, [*shape[:-1], bytes per row], mapped from the file
+
+
+@dataclass(frozen=True)
+class GGUFFile:
+    """A GGUF file's metadata as plain Python values and its tensors as memory-mapped bytes.
+
+    `gguf.GGUFReader` makes one numpy view per array element, which takes seconds on a vocabulary of
+    50k strings; this reads the same layout (header, key-values, tensor infos, aligned data) directly.
+    """
+
+    path: Path
+    metadata: dict[str, Any]
+    tensors: list[GGUFTensor]
+
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+def open_gguf(path: str | Path) -> GGUFFile:
+    """Parse a GGUF file's header; a clear error when it is missing, truncated or not GGUF at all."""
     path = Path(path)
     try:
-        return gguf.GGUFReader(path)
+        buf = np.memmap(path, dtype=np.uint8, mode="r")
     except FileNotFoundError:
         raise ModelLoadError(f"{path}: no such file; pass the path of an existing .gguf file") from None
-    except Exception as e:  # a truncated or foreign file fails in many ways inside the reader
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{path}: cannot be read ({e}); pass a readable .gguf file") from None
+    try:
+        return _parse(path, buf)
+    except (struct.error, IndexError, ValueError, UnicodeDecodeError) as e:
         raise ModelLoadError(
-            f"{path}: not a readable GGUF file ({type(e).__name__}: {e}); re-download it or pass another model"
+            f"{path}: not a valid GGUF file, or truncated ({type(e).__name__}: {e}); re-download it"
         ) from None
 
 
-def metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
-    """Every key-value field as a Python value (strings, numbers, lists)."""
-    out: dict[str, Any] = {}
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF."):
-            continue
-        out[name] = field.contents()
-    return out
+def _parse(path: Path, buf: np.ndarray) -> GGUFFile:
+    mem = memoryview(buf)
+    pos = 0
+
+    def unpack(fmt: str) -> Any:
+        nonlocal pos
+        value = struct.unpack_from(fmt, mem, pos)[0]
+        pos += struct.calcsize(fmt)
+        return value
+
+    def string() -> str:
+        nonlocal pos
+        n = unpack("<Q")
+        if pos + n > len(mem):
+            raise ValueError("string runs past the end of the file")
+        pos += n
+        return bytes(mem[pos - n : pos]).decode("utf-8")
+
+    def value(kind: int) -> Any:
+        nonlocal pos
+        if kind == _STRING:
+            return string()
+        if kind != _ARRAY:
+            return unpack(_SCALARS[kind])
+        item, count = unpack("<I"), unpack("<Q")
+        if item in _SCALARS:  # numeric arrays (token types, scores) in one read
+            dtype = np.dtype(_SCALARS[item])
+            end = pos + count * dtype.itemsize
+            if end > len(mem):
+                raise ValueError("array runs past the end of the file")
+            out = np.frombuffer(mem[pos:end], dtype=dtype).tolist()
+            pos = end
+            return out
+        return [value(item) for _ in range(count)]
+
+    if bytes(mem[:4]) != b"GGUF":
+        raise ValueError("no GGUF magic at the start")
+    pos = 4
+    version = unpack("<I")
+    if version not in (2, 3):
+        raise ValueError(f"GGUF version {version} (big-endian or too old); versions 2 and 3 are read")
+    n_tensors, n_kv = unpack("<Q"), unpack("<Q")
+    meta: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = string()
+        meta[key] = value(unpack("<I"))
+    infos = []
+    for _ in range(n_tensors):
+        name = string()
+        dims = [unpack("<Q") for _ in range(unpack("<I"))]
+        infos.append((name, tuple(reversed(dims)), gguf.GGMLQuantizationType(unpack("<I")), unpack("<Q")))
+    align = int(meta.get("general.alignment", 32))
+    start = -(-pos // align) * align
+    tensors = []
+    for name, shape, kind, offset in infos:
+        block, block_bytes = gguf.GGML_QUANT_SIZES[kind]
+        row_bytes = shape[-1] // block * block_bytes
+        n_bytes = row_bytes * int(np.prod(shape[:-1], dtype=np.int64))
+        begin = start + offset
+        if begin + n_bytes > len(buf):
+            raise ValueError(f"tensor {name} runs past the end of the file")
+        data = buf[begin : begin + n_bytes].reshape(*shape[:-1], row_bytes)
+        tensors.append(GGUFTensor(name, shape, kind, data))
+    return GGUFFile(path, meta, tensors)
 
 
 def gguf_to_hf_name(name: str) -> str | None:
@@ -78,9 +165,9 @@ def unpermute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def dequantize(tensor: gguf.ReaderTensor, path: Path) -> torch.Tensor:
+def dequantize(tensor: GGUFTensor, path: Path) -> torch.Tensor:
     """One tensor as fp32 in PyTorch's [out, in] order, whatever its GGUF type."""
-    kind = gguf.GGMLQuantizationType(tensor.tensor_type)
+    kind = tensor.kind
     try:
         array = gguf.quants.dequantize(tensor.data, kind)
     except NotImplementedError:
@@ -91,10 +178,10 @@ def dequantize(tensor: gguf.ReaderTensor, path: Path) -> torch.Tensor:
     return torch.from_numpy(np.array(array, dtype=np.float32))  # a copy: the file is mapped read-only
 
 
-def iter_weights(reader: gguf.GGUFReader, path: Path, arch: str, n_heads: int,
-                 n_kv_heads: int) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_weights(file: GGUFFile, arch: str, n_heads: int, n_kv_heads: int) -> Iterator[tuple[str, torch.Tensor]]:
     """(our name, fp32 tensor) for every parameter in the file, with q/k rows un-permuted."""
-    for tensor in reader.tensors:
+    path = file.path
+    for tensor in file.tensors:
         name = gguf_to_hf_name(tensor.name)
         if name is None:
             if tensor.name == "rope_freqs.weight":  # llama3 rope scaling, as per-frequency divisors

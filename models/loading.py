@@ -71,12 +71,12 @@ def _safetensors_weights(path: Path, device: torch.device | str) -> Iterator[tup
 def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device | str) -> Transformer:
     from .gguf_weights import iter_weights, open_gguf
 
-    reader = open_gguf(path)
+    file = open_gguf(path)
     try:
-        config = ModelConfig.from_gguf(reader)
+        config = ModelConfig.from_gguf(file)
     except ConfigError as e:
         raise ModelLoadError(str(e)) from None
-    weights = iter_weights(reader, path, config.arch, config.n_heads, config.n_kv_heads)
+    weights = iter_weights(file, config.arch, config.n_heads, config.n_kv_heads)
     return _assemble(config, weights, dtype, device, str(path))
 
 

@@ -42,6 +42,7 @@ HUB_FILES = [
     "tokenizer_config.json",
     "generation_config.json",
     "special_tokens_map.json",
+    "chat_template.jinja",  # newer repos keep the template here rather than in tokenizer_config.json
 ]
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
