@@ -1,5 +1,111 @@
-"""INT4 matmul on the AutoAWQ GEMM layout. Pure functions on tensors; no model knowledge."""
+"""INT4 matmul on the AutoAWQ GEMM layout. Pure functions on tensors; no model knowledge.
 
-from .reference import dequantize, int4_linear
+Dispatch by the weight's device: CUDA -> Triton kernels (`triton_int4`), CPU -> torch's weight-only int4 op
+(`cpu_int4`). `PARLEY_KERNELS=reference` forces the plain dequantize-then-matmul everywhere, for debugging.
 
-__all__ = ["dequantize", "int4_linear"]
+Hot paths call `prepare(...)` once at load time and `.matmul(x)` per step: the CPU op needs its own
+repacked layout, which `int4_linear` would otherwise rebuild on every call.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import reference
+from .cpu_int4 import CpuInt4Linear, CpuInt8Linear, quantize_rtn_int4
+from .reference import dequantize
+
+__all__ = ["Matmul", "backend", "dequantize", "int4_linear", "prepare", "prepare_head"]
+
+
+class Matmul(Protocol):
+    """What `prepare` and `prepare_head` return: a weight in the layout its device reads best."""
+
+    def matmul(self, x: Tensor) -> Tensor: ...
+
+
+def backend(device: torch.device | str) -> str:
+    """'reference', 'triton' or 'cpu': the path taken for weights on `device`."""
+    forced = os.environ.get("PARLEY_KERNELS", "auto").strip().lower()
+    if forced == "reference":
+        return "reference"
+    if forced not in ("", "auto"):
+        raise ValueError(f"PARLEY_KERNELS must be 'auto' or 'reference', not {forced!r}")
+    return "triton" if torch.device(device).type == "cuda" else "cpu"
+
+
+class ReferenceInt4Linear:
+    """The AWQ tensors as they are; every call dequantizes the whole weight (slow, obviously right)."""
+
+    def __init__(self, qweight: Tensor, qzeros: Tensor, scales: Tensor, group_size: int) -> None:
+        self.qweight, self.qzeros, self.scales, self.group_size = qweight, qzeros, scales, group_size
+
+    def matmul(self, x: Tensor) -> Tensor:
+        return reference.int4_linear(x, self.qweight, self.qzeros, self.scales, self.group_size)
+
+
+class TritonInt4Linear:
+    """The AWQ tensors as they are: the Triton kernels read AWQ's layout directly."""
+
+    def __init__(self, qweight: Tensor, qzeros: Tensor, scales: Tensor, group_size: int) -> None:
+        from . import triton_int4  # imported only where Triton is needed: CPU-only installs lack it
+
+        self._mm = triton_int4.int4_mm
+        self.qweight, self.qzeros = qweight.contiguous(), qzeros.contiguous()
+        self.scales, self.group_size = scales.contiguous(), group_size
+
+    def matmul(self, x: Tensor) -> Tensor:
+        lead, K = x.shape[:-1], x.shape[-1]
+        # The kernels take fp16/bf16; fp32 activations run in the scales' dtype.
+        compute = x.dtype if x.dtype in (torch.float16, torch.bfloat16) else self.scales.dtype
+        y = self._mm(x.reshape(-1, K).to(compute), self.qweight, self.qzeros, self.scales, self.group_size)
+        return y.to(x.dtype).reshape(*lead, y.shape[-1])
+
+
+def prepare(qweight: Tensor, qzeros: Tensor, scales: Tensor, group_size: int) -> Matmul:
+    """The AWQ weight repacked for its device's fast path; `.matmul(x)` maps x [..., K] -> [..., N]."""
+    kind = backend(qweight.device)
+    if kind == "reference":
+        return ReferenceInt4Linear(qweight, qzeros, scales, group_size)
+    if kind == "triton":
+        return TritonInt4Linear(qweight, qzeros, scales, group_size)
+    return CpuInt4Linear.from_awq(qweight, qzeros, scales, group_size)
+
+
+def int4_linear(x: Tensor, qweight: Tensor, qzeros: Tensor, scales: Tensor, group_size: int) -> Tensor:
+    """y = x @ W for an AWQ INT4 weight, in x's dtype. Repacks on every call on CPU: prefer `prepare`."""
+    return prepare(qweight, qzeros, scales, group_size).matmul(x)
+
+
+class DenseHead:
+    """A dense head in a narrower dtype, returning fp32 logits."""
+
+    def __init__(self, weight: Tensor, dtype: torch.dtype) -> None:
+        self.weight = weight.detach().to(dtype).contiguous()
+
+    def matmul(self, x: Tensor) -> Tensor:
+        return F.linear(x.to(self.weight.dtype), self.weight).float()
+
+
+def prepare_head(weight: Tensor, bits: int = 8) -> Matmul:
+    """A fast output projection for a dense [vocab, hidden] weight; `.matmul(x)` returns fp32 logits.
+
+    On CPU, bits=8 is weight-only int8 per row, bits=4 round-to-nearest INT4 (group 32), bits=16 bf16.
+    On CUDA the head is kept dense in bf16 (it is read once per step; fp32 would double the bytes).
+    PARLEY_KERNELS=reference keeps it exact in fp32.
+    """
+    kind = backend(weight.device)
+    if kind == "reference":
+        return DenseHead(weight, torch.float32)
+    if kind == "triton" or bits == 16:
+        return DenseHead(weight, torch.bfloat16)
+    if bits == 8:
+        return CpuInt8Linear(weight)
+    if bits == 4:
+        return quantize_rtn_int4(weight, 32)
+    raise ValueError(f"prepare_head takes bits 4, 8 or 16, not {bits}")
