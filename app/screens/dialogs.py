@@ -1,0 +1,63 @@
+"""Small modal dialogs: the per-conversation system prompt, and a paste too long for the context."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Label, Static, TextArea
+
+
+class SystemPromptScreen(ModalScreen[str | None]):
+    """Edit the system prompt of this conversation. Dismisses with the new text, or None to cancel."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save")]
+
+    def __init__(self, system_prompt: str) -> None:
+        super().__init__()
+        self.system_prompt = system_prompt
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="system-box", classes="dialog"):
+            yield Label("System prompt for this conversation (Ctrl+S saves, Esc cancels)")
+            yield TextArea(self.system_prompt, id="system-text", soft_wrap=True)
+            with Horizontal(classes="dialog--buttons"):
+                yield Button("Save", variant="primary", id="save")
+                yield Button("Cancel", id="cancel")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "save":
+            self.action_save()
+        else:
+            self.action_cancel()
+
+    def action_save(self) -> None:
+        self.dismiss(self.query_one("#system-text", TextArea).text.strip())
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class TooLongScreen(ModalScreen[bool]):
+    """A paste that does not fit the context: say how much fits, let the user truncate or cancel."""
+
+    BINDINGS = [Binding("escape", "choose(False)", "Cancel"), Binding("t", "choose(True)", "Truncate")]
+
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="too-long-box", classes="dialog"):
+            yield Label("The pasted document does not fit", classes="dialog--title")
+            yield Static(self.message, id="too-long-message")
+            with Horizontal(classes="dialog--buttons"):
+                yield Button("Truncate to fit", variant="warning", id="truncate")
+                yield Button("Cancel paste", id="cancel")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "truncate")
+
+    def action_choose(self, truncate: bool) -> None:
+        self.dismiss(truncate)

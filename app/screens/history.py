@@ -1,0 +1,138 @@
+"""Past conversations: resume, rename, delete, export."""
+
+from __future__ import annotations
+
+import time
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Input, Label, OptionList
+from textual.widgets.option_list import Option
+
+from parley.app.store import Conversation, Store
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+
+
+class Renamed(Message):
+    def __init__(self, conversation_id: int, title: str) -> None:
+        super().__init__()
+        self.conversation_id = conversation_id
+        self.title = title
+
+
+class Deleted(Message):
+    def __init__(self, conversation_id: int) -> None:
+        super().__init__()
+        self.conversation_id = conversation_id
+
+
+class HistoryScreen(ModalScreen[int | None]):
+    """Dismisses with the id of the conversation to resume, or None."""
+
+    BINDINGS = [
+        Binding("escape", "close", "Close"),
+        Binding("r", "rename", "Rename"),
+        Binding("d", "delete", "Delete"),
+        Binding("x", "export", "Export .md"),
+    ]
+
+    def __init__(self, store: Store, current: int | None) -> None:
+        super().__init__()
+        self.store = store
+        self.current = current
+        self._confirm_delete: int | None = None
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="history-box"):
+            yield Label("History · Enter resumes", id="history-title")
+            yield OptionList(id="history-list")
+            yield Input(placeholder="New title, Enter to save", id="history-rename")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._reload()
+        self.query_one("#history-rename", Input).display = False
+
+    def _reload(self) -> None:
+        options = self.query_one("#history-list", OptionList)
+        highlighted = options.highlighted
+        options.clear_options()
+        for conv in self.store.conversations():
+            options.add_option(Option(self._prompt(conv), id=str(conv.id)))
+        if options.option_count:
+            options.highlighted = min(highlighted or 0, options.option_count - 1)
+        else:
+            options.add_option(Option("No conversations yet", disabled=True))
+
+    def _prompt(self, conv: Conversation) -> str:
+        mark = "● " if conv.id == self.current else "  "
+        return f"{mark}{conv.title}  [dim]{_when(conv.updated_at)}[/dim]"
+
+    def _selected(self) -> int | None:
+        options = self.query_one("#history-list", OptionList)
+        if options.highlighted is None:
+            return None
+        option = options.get_option_at_index(options.highlighted)
+        return int(option.id) if option.id else None
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        if event.option.id:
+            self.dismiss(int(event.option.id))
+
+    def action_close(self) -> None:
+        rename = self.query_one("#history-rename", Input)
+        if rename.display:
+            rename.display = False
+            self.query_one("#history-list").focus()
+        else:
+            self.dismiss(None)
+
+    def action_rename(self) -> None:
+        conv_id = self._selected()
+        if conv_id is None:
+            return
+        conv = self.store.conversation(conv_id)
+        rename = self.query_one("#history-rename", Input)
+        rename.value = conv.title if conv else ""
+        rename.display = True
+        rename.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        conv_id = self._selected()
+        title = event.value.strip()
+        if conv_id is not None and title:
+            self.store.rename(conv_id, title)
+            self.app.post_message(Renamed(conv_id, title))
+        event.input.display = False
+        self._reload()
+        self.query_one("#history-list").focus()
+
+    def action_delete(self) -> None:
+        conv_id = self._selected()
+        if conv_id is None:
+            return
+        if self._confirm_delete != conv_id:
+            self._confirm_delete = conv_id
+            self.notify("Press d again to delete this conversation", severity="warning")
+            return
+        self._confirm_delete = None
+        self.store.delete(conv_id)
+        self.app.post_message(Deleted(conv_id))
+        self._reload()
+
+    def action_export(self) -> None:
+        conv_id = self._selected()
+        if conv_id is not None:
+            self.app.export_conversation(conv_id)  # type: ignore[attr-defined]
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # Letters type into the rename box while it is open.
+        if action in ("rename", "delete", "export"):
+            return not self.query_one("#history-rename", Input).has_focus
+        return True

@@ -1,0 +1,120 @@
+"""First run: download and quantization progress while the engine loads in a thread worker."""
+
+from __future__ import annotations
+
+import time
+
+from rich.markup import escape
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Label, ProgressBar, Static
+
+from parley.models.progress import Progress
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def human_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m {seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def error_hint(error: BaseException) -> str:
+    """What the user can do about a load failure."""
+    text = f"{type(error).__name__}: {error}".lower()
+    if isinstance(error, MemoryError) or "out of memory" in text:
+        return "Not enough memory: try a smaller model (--model) or INT4 weights (--quant awq)."
+    if isinstance(error, FileNotFoundError) or "no such file" in text:
+        return "The model path does not exist: check --model (a hub id, a local folder or a .gguf file)."
+    if isinstance(error, ConnectionError | TimeoutError) or any(
+        w in text for w in ("connection", "resolve", "offline", "timed out", "network", "http")
+    ):
+        return ("Could not reach the Hugging Face hub: check your connection, or set HF_HUB_OFFLINE=1 to use "
+                "the local cache, or pass --model with a local folder or .gguf file.")
+    return "Try again (r), or start with another model: parley chat --model ORG/NAME or a local path."
+
+
+class LoadingScreen(Screen[None]):
+    """Shows `Progress` reports (marshalled here by the app) and, on failure, the error and a way out."""
+
+    BINDINGS = [Binding("r", "retry", "Retry"), Binding("q", "app.quit", "Quit")]
+
+    def __init__(self, model_ref: str | None) -> None:
+        super().__init__()
+        self.model_ref = model_ref
+        self._failed = False
+        self._download_samples: list[tuple[float, float]] = []  # (monotonic time, bytes done)
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="loading-box"):
+            yield Static(f"Preparing {self.model_ref or 'the default model'}", id="loading-title")
+            yield Label("Download", classes="loading--stage")
+            yield ProgressBar(id="download-bar", show_eta=False)
+            yield Label("waiting…", id="download-detail", classes="loading--detail")
+            yield Label("Quantize (AWQ INT4)", classes="loading--stage")
+            yield ProgressBar(id="quantize-bar", show_eta=False)
+            yield Label("waiting…", id="quantize-detail", classes="loading--detail")
+            yield Label("", id="load-detail", classes="loading--detail")
+            yield Static("", id="loading-error")
+        yield Footer()
+
+    def show_progress(self, p: Progress) -> None:
+        if p.stage == "download":
+            self._show_download(p)
+        elif p.stage == "quantize":
+            bar = self.query_one("#quantize-bar", ProgressBar)
+            bar.update(total=p.total or None, progress=p.done)
+            detail = f"layer {int(p.done)} of {int(p.total)}" if p.total else (p.detail or "working…")
+            if p.eta_s is not None:
+                detail += f" · ETA {human_duration(p.eta_s)}"
+            self.query_one("#quantize-detail", Label).update(detail)
+        else:
+            self.query_one("#load-detail", Label).update(p.detail or f"{p.stage}…")
+
+    def _show_download(self, p: Progress) -> None:
+        bar = self.query_one("#download-bar", ProgressBar)
+        bar.update(total=p.total or None, progress=p.done)
+        now = time.monotonic()
+        self._download_samples = [s for s in self._download_samples if now - s[0] < 5.0] + [(now, p.done)]
+        detail = human_bytes(p.done) + (f" / {human_bytes(p.total)}" if p.total else "")
+        (t0, d0), (t1, d1) = self._download_samples[0], self._download_samples[-1]
+        if t1 > t0 and d1 > d0:
+            rate = (d1 - d0) / (t1 - t0)
+            detail += f" · {human_bytes(rate)}/s"
+            if p.total and p.eta_s is None:
+                detail += f" · ETA {human_duration((p.total - p.done) / rate)}"
+        if p.eta_s is not None:
+            detail += f" · ETA {human_duration(p.eta_s)}"
+        if p.detail:
+            detail += f" · {p.detail}"
+        self.query_one("#download-detail", Label).update(detail)
+
+    def show_error(self, error: BaseException) -> None:
+        self._failed = True
+        self.query_one("#loading-error", Static).update(
+            f"[b]Could not load the model[/b]\n{type(error).__name__}: {escape(str(error))}\n\n"
+            f"{escape(error_hint(error))}\n"
+            "Press r to retry or q to quit."
+        )
+        self.add_class("-failed")
+        self.refresh_bindings()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "retry":
+            return self._failed
+        return True
+
+    def action_retry(self) -> None:
+        self._failed = False
+        self.remove_class("-failed")
+        self.query_one("#loading-error", Static).update("")
+        self.refresh_bindings()
+        self.app.load_engine()  # type: ignore[attr-defined]

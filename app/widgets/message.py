@@ -1,0 +1,99 @@
+"""One turn of the conversation, and the scrolling view that holds them."""
+
+from __future__ import annotations
+
+import re
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import Label, Markdown
+from textual.widgets.markdown import MarkdownStream
+
+_FENCE = re.compile(r"^(`{3,}|~{3,})[^\n]*\n(.*?)^\1[ \t]*$", re.DOTALL | re.MULTILINE)
+
+
+def code_blocks(markdown: str) -> list[str]:
+    """The contents of the fenced code blocks in a Markdown text, in order."""
+    return [m.group(2).rstrip("\n") for m in _FENCE.finditer(markdown)]
+
+
+def attachment_label(text: str, tokens: int | None) -> str:
+    """'pasted: 214 lines, 1,870 tokens' — the compact form of a pasted document."""
+    lines = text.count("\n") + 1
+    count = f"{tokens:,} tokens" if tokens is not None else "counting tokens…"
+    return f"pasted: {lines:,} line{'s' if lines != 1 else ''}, {count}"
+
+
+class ChatMessage(Vertical, can_focus=True):
+    """A user or assistant turn. An assistant turn can stream: deltas go through a `MarkdownStream`."""
+
+    BINDINGS = [
+        Binding("c", "copy_message", "Copy"),
+        Binding("y", "copy_code", "Copy code"),
+    ]
+
+    def __init__(self, role: str, content: str = "", attachment: str | None = None,
+                 attachment_tokens: int | None = None) -> None:
+        super().__init__(classes=f"message -{role}")
+        self.role = role
+        self.content = content
+        self.attachment = attachment
+        self.attachment_tokens = attachment_tokens
+        self.db_id: int | None = None
+        self._stream: MarkdownStream | None = None
+        self._code_index = 0
+
+    def compose(self) -> ComposeResult:
+        yield Label("You" if self.role == "user" else "Assistant", classes="message--role")
+        if self.attachment is not None:
+            yield Label(attachment_label(self.attachment, self.attachment_tokens), classes="message--attachment")
+        yield Markdown(self.content, classes="message--body")
+
+    @property
+    def body(self) -> Markdown:
+        return self.query_one(".message--body", Markdown)
+
+    def start_stream(self) -> None:
+        self.add_class("-streaming")
+        self._stream = Markdown.get_stream(self.body)
+
+    async def append(self, text: str) -> None:
+        """Append a batch of deltas. Incremental: the stream only re-parses the tail."""
+        self.content += text
+        if self._stream is not None:
+            await self._stream.write(text)
+
+    async def finish(self) -> None:
+        """End the stream, then render the whole text once, so code fences close and highlight."""
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        self.remove_class("-streaming")
+        await self.body.update(self.content)
+
+    def action_copy_message(self) -> None:
+        self.app.copy_to_clipboard(self.content)
+        self.notify("Message copied")
+
+    def action_copy_code(self) -> None:
+        """Copy the last code block; pressing again walks back through the earlier ones."""
+        blocks = code_blocks(self.content)
+        if not blocks:
+            self.notify("No code block in this message", severity="warning")
+            return
+        index = len(blocks) - 1 - (self._code_index % len(blocks))
+        self._code_index += 1
+        self.app.copy_to_clipboard(blocks[index])
+        self.notify(f"Code block {index + 1} of {len(blocks)} copied")
+
+
+class ChatView(VerticalScroll):
+    """The conversation. Anchored to the bottom; scrolling up releases the anchor (Textual's own rule)."""
+
+    def on_mount(self) -> None:
+        self.anchor()
+
+    @property
+    def messages(self) -> list[ChatMessage]:
+        return list(self.query_children(ChatMessage))

@@ -1,0 +1,129 @@
+"""The live sampling panel: every control writes straight into the shared `GenerationParams`.
+
+The engine snapshots that object at the start of each round, so a change made while a reply streams
+takes effect from the next round. The panel says so ("from token N") and flashes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.message import Message
+from textual.widgets import Input, Label, Select, Static
+
+from parley.app.widgets.slider import Slider
+from parley.engine.params import SPECULATION_MODES, GenerationParams
+
+
+@dataclass(frozen=True)
+class SliderSpec:
+    attr: str
+    label: str
+    minimum: float
+    maximum: float
+    step: float
+    off_at: float | None = None  # the value meaning "off", shown as such
+
+
+SLIDERS = (
+    SliderSpec("temperature", "Temperature", 0.0, 2.0, 0.05),
+    SliderSpec("top_p", "Top-p", 0.05, 1.0, 0.01, off_at=1.0),
+    SliderSpec("top_k", "Top-k", 0, 100, 1, off_at=0),
+    SliderSpec("min_p", "Min-p", 0.0, 0.5, 0.01, off_at=0.0),
+    SliderSpec("draft_tokens", "Draft length", 1, 16, 1),
+)
+SPECULATION_LABELS = {"off": "Off", "prompt-lookup": "Prompt lookup", "draft": "Draft model", "auto": "Auto"}
+
+
+def format_value(spec: SliderSpec, value: float) -> str:
+    if spec.off_at is not None and value == spec.off_at:
+        return "off"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+class ParamsPanel(VerticalScroll):
+    """Sliders and inputs bound to one live `GenerationParams` object."""
+
+    class Applied(Message):
+        """A parameter changed; `at_token` is the reply's token count then (None between replies)."""
+
+        def __init__(self, attr: str, value: object, at_token: int | None) -> None:
+            super().__init__()
+            self.attr = attr
+            self.value = value
+            self.at_token = at_token
+
+    def __init__(self, params: GenerationParams, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.params = params
+        # Set by the app while a reply streams, so the panel can say where a change lands.
+        self.live_tokens: int | None = None
+        self._ready = False
+
+    def compose(self) -> ComposeResult:
+        yield Static("Sampling · live", classes="panel--title")
+        for spec in SLIDERS:
+            value = getattr(self.params, spec.attr)
+            yield Label(self._label_text(spec, value), id=f"label-{spec.attr}", classes="param--label")
+            yield Slider(value, minimum=spec.minimum, maximum=spec.maximum, step=spec.step,
+                         id=f"slider-{spec.attr}")
+        yield Label("Speculation", classes="param--label")
+        yield Select([(SPECULATION_LABELS[m], m) for m in SPECULATION_MODES], value=self.params.speculation,
+                     allow_blank=False, id="speculation", compact=True)
+        yield Label("Seed", classes="param--label")
+        yield Input("" if self.params.seed is None else str(self.params.seed), placeholder="random",
+                    type="integer", id="seed", compact=True)
+        yield Label("Max tokens", classes="param--label")
+        yield Input(str(self.params.max_new_tokens), type="integer", id="max-tokens", compact=True)
+        yield Static("", id="applied")
+
+    def on_mount(self) -> None:
+        # Widgets post Changed for their initial values; only react to the user's changes.
+        self.call_after_refresh(self._set_ready)
+
+    def _set_ready(self) -> None:
+        self._ready = True
+
+    @staticmethod
+    def _label_text(spec: SliderSpec, value: float) -> str:
+        return f"{spec.label}  {format_value(spec, value)}"
+
+    def on_slider_changed(self, event: Slider.Changed) -> None:
+        event.stop()
+        spec = next(s for s in SLIDERS if f"slider-{s.attr}" == event.slider.id)
+        self.query_one(f"#label-{spec.attr}", Label).update(self._label_text(spec, event.value))
+        self._apply(spec.attr, event.value)
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        event.stop()
+        if event.value in SPECULATION_MODES:
+            self._apply("speculation", event.value)
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        text = event.value.strip()
+        if event.input.id == "seed":
+            self._apply("seed", int(text) if text.lstrip("-").isdigit() else None)
+        elif event.input.id == "max-tokens" and text.isdigit() and int(text) >= 1:
+            self._apply("max_new_tokens", int(text))
+
+    def _apply(self, attr: str, value: object) -> None:
+        """Write into the live object now; the engine reads it at its next round."""
+        if getattr(self.params, attr) == value:
+            return
+        setattr(self.params, attr, value)
+        if not self._ready:
+            return
+        at = self.live_tokens
+        where = f"applies from token {at + 1}" if at is not None else "applies to the next reply"
+        self.query_one("#applied", Static).update(f"{attr} = {value} · {where}")
+        self.add_class("-flash")
+        self.set_timer(0.6, lambda: self.remove_class("-flash"))
+        self.post_message(self.Applied(attr, value, at))
+
+    def sync_from_params(self) -> None:
+        """Show the live object's values (after something other than the panel changed them)."""
+        for spec in SLIDERS:
+            self.query_one(f"#slider-{spec.attr}", Slider).value = getattr(self.params, spec.attr)

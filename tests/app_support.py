@@ -1,0 +1,42 @@
+"""Helpers for the UI tests: build the app over the fake engine, and poll instead of sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from fake_engine import FakeEngine, loader
+
+from parley.app.chat_app import ParleyApp
+from parley.app.store import Store
+
+
+async def wait_until(predicate: Callable[[], object], timeout: float = 5.0, interval: float = 0.01) -> None:
+    """Yield to the app until `predicate()` is true; fail with the predicate's source after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
+        await asyncio.sleep(interval)
+
+
+def make_app(tmp_path: Path, engine: FakeEngine | None = None, **kwargs) -> tuple[ParleyApp, FakeEngine]:
+    """A ParleyApp on the fake engine with its database and exports under `tmp_path`."""
+    engine = engine or FakeEngine()
+    load = kwargs.pop("load", None) or loader(engine)
+    app = ParleyApp(load, store=Store(tmp_path / "parley.db"), export_dir=tmp_path, **kwargs)
+    return app, engine
+
+
+async def ready(app: ParleyApp, pilot) -> None:
+    """Wait for the engine to load and the chat screen to show."""
+    await wait_until(lambda: app.engine is not None and app._loading is None)
+    await pilot.pause()
+
+
+async def send(app: ParleyApp, pilot, text: str) -> None:
+    app.prompt.focus()
+    app.prompt.load_text(text)
+    await pilot.press("enter")

@@ -1,0 +1,122 @@
+"""A scripted stand-in for `parley.engine.engine.Engine`: same API, known tokens, controlled rate.
+
+Every `reply` call is recorded with the messages it got and the params snapshot of each round, so a
+test can check what the UI sent and when a slider change reached the engine.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass, field
+
+from parley.engine.events import Done, Stats, TextDelta
+from parley.engine.params import GenerationParams
+from parley.models.progress import Progress, ProgressFn
+
+DEFAULT_REPLY = (
+    "Here is a function that adds two numbers:\n\n"
+    "```python\ndef add(a: int, b: int) -> int:\n    return a + b\n```\n\n"
+    "It returns the **sum** of `a` and `b`."
+)
+
+
+def split_tokens(text: str) -> list[str]:
+    """Word-ish pieces that join back to `text` exactly."""
+    return re.findall(r"\s*\S+|\s+", text)
+
+
+@dataclass
+class ReplyCall:
+    system_prompt: str | None
+    messages: list[dict[str, str]]
+    snapshots: list[GenerationParams] = field(default_factory=list)  # one per round
+    shown: str = ""  # the text yielded
+    reason: str = ""
+
+
+class FakeSession:
+    def __init__(self, engine: FakeEngine, system_prompt: str | None) -> None:
+        self.engine = engine
+        self.system_prompt = system_prompt
+
+    def reply(self, messages, params: GenerationParams, cancel: threading.Event | None = None):
+        engine = self.engine
+        call = ReplyCall(self.system_prompt, [dict(m) for m in messages])
+        engine.calls.append(call)
+        tokens = split_tokens(engine.replies[min(len(engine.calls) - 1, len(engine.replies) - 1)])
+        cancel = cancel or threading.Event()
+        prompt_tokens = sum(engine.count_tokens(m["content"]) for m in messages)
+        for i, token in enumerate(tokens):
+            call.snapshots.append(params.snapshot())
+            if i == engine.fail_at:
+                raise RuntimeError("scripted failure")
+            # Waiting on the cancel event keeps the rate controlled and the stop prompt.
+            if cancel.wait(engine.delay) or cancel.is_set():
+                call.reason = "cancelled"
+                yield Done("cancelled")
+                return
+            call.shown += token
+            yield TextDelta(token)
+            if (i + 1) % 8 == 0 or i + 1 == len(tokens):
+                yield self._stats(i + 1, prompt_tokens, params)
+            if i + 1 >= params.max_new_tokens:
+                call.reason = "length"
+                yield Done("length")
+                return
+        call.reason = "eos"
+        yield Done("eos")
+
+    def _stats(self, n: int, prompt_tokens: int, params: GenerationParams) -> Stats:
+        speculating = params.speculation != "off"
+        return Stats(
+            new_tokens=n,
+            tokens_per_s=42.5,
+            accepted=3 * n // 4 if speculating else 0,
+            proposed=n if speculating else 0,
+            tokens_per_target_pass=2.4 if speculating else 1.0,
+            ttft_s=0.12,
+            prompt_tokens=prompt_tokens,
+            context_tokens=prompt_tokens + n,
+            context_window=self.engine.context_window,
+        )
+
+
+class FakeEngine:
+    model_name = "fake-smol-135m"
+    quantization = "awq-int4"
+
+    def __init__(self, replies: list[str] | None = None, *, delay: float = 0.0, context_window: int = 4096,
+                 fail_at: int | None = None) -> None:
+        self.replies = replies or [DEFAULT_REPLY]
+        self.delay = delay
+        self.context_window = context_window
+        self.fail_at = fail_at
+        self.calls: list[ReplyCall] = []
+        self.sessions: list[FakeSession] = []
+
+    def count_tokens(self, text: str) -> int:
+        """Deterministic: one token per word-ish piece."""
+        return len(split_tokens(text))
+
+    def session(self, system_prompt: str | None = None) -> FakeSession:
+        session = FakeSession(self, system_prompt)
+        self.sessions.append(session)
+        return session
+
+
+def loader(engine: FakeEngine, progress_script: list[Progress] | None = None,
+           block: threading.Event | None = None, error: BaseException | None = None):
+    """An `EngineLoader` for the app: reports the scripted progress, optionally waits or fails."""
+
+    def load(progress: ProgressFn | None) -> FakeEngine:
+        for p in progress_script or []:
+            if progress is not None:
+                progress(p)
+        if block is not None:
+            block.wait()
+        if error is not None:
+            raise error
+        return engine
+
+    return load

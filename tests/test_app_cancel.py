@@ -1,0 +1,47 @@
+"""Esc stops at once and keeps what was shown; the next reply sees exactly that as the assistant turn."""
+
+from __future__ import annotations
+
+import pytest
+from app_support import make_app, ready, send, wait_until
+from fake_engine import FakeEngine
+
+pytestmark = pytest.mark.anyio
+
+async def test_escape_cancels_and_next_reply_is_consistent(tmp_path):
+    engine = FakeEngine(replies=["word " * 200, "Done."], delay=0.01)
+    app, _ = make_app(tmp_path, engine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(app, pilot)
+        await send(app, pilot, "Talk a lot")
+        await wait_until(lambda: len(app.chat.messages) == 2 and len(app.chat.messages[1].content) > 20)
+        await pilot.press("escape")
+        assert not app.generating  # at once, not at the engine's leisure
+        shown = app.chat.messages[1].content
+        assert shown and shown != "word " * 200
+        await wait_until(lambda: engine.calls[0].reason == "cancelled")
+        await pilot.pause(0.1)
+        assert app.chat.messages[1].content == shown  # nothing arrives after the stop
+        await send(app, pilot, "Thanks")
+        await wait_until(lambda: len(engine.calls) == 2 and not app.generating)
+        assert engine.calls[1].messages == [
+            {"role": "user", "content": "Talk a lot"},
+            {"role": "assistant", "content": shown},
+            {"role": "user", "content": "Thanks"},
+        ]
+        # What was shown is also what history keeps.
+        stored = app.store.messages(app.conversation.id)
+        assert [m.content for m in stored] == ["Talk a lot", shown, "Thanks", "Done."]
+
+
+async def test_escape_before_first_token_gives_the_question_back(tmp_path):
+    engine = FakeEngine(delay=2.0)
+    app, _ = make_app(tmp_path, engine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(app, pilot)
+        await send(app, pilot, "never mind")
+        await wait_until(lambda: app.generating)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.chat.messages == [] and app.prompt.text == "never mind"
+        assert app.store.messages(app.conversation.id) == []

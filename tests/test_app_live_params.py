@@ -1,0 +1,57 @@
+"""A slider moved while a reply streams reaches the engine at a later round of that same reply."""
+
+from __future__ import annotations
+
+import pytest
+from app_support import make_app, ready, send, wait_until
+from fake_engine import FakeEngine
+
+from parley.app.widgets.slider import Slider
+
+pytestmark = pytest.mark.anyio
+
+async def test_slider_moved_mid_stream_reaches_next_round(tmp_path):
+    engine = FakeEngine(replies=["tok " * 60], delay=0.02)
+    app, _ = make_app(tmp_path, engine)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(app, pilot)
+        await send(app, pilot, "go")
+        await pilot.press("f2")  # the panel opens focused on the temperature slider
+        slider = app.query_one("#slider-temperature", Slider)
+        assert slider.has_focus
+        await wait_until(lambda: len(engine.calls[0].snapshots) >= 5)
+        await pilot.press("right", "right")  # 0.70 -> 0.80
+        assert app.params.temperature == 0.8  # the live object changed immediately
+        rounds_before = len(engine.calls[0].snapshots)
+        await wait_until(lambda: not app.generating, timeout=10)
+        temps = [s.temperature for s in engine.calls[0].snapshots]
+        assert temps[0] == 0.7 and temps[-1] == 0.8
+        first_new = temps.index(0.8)
+        assert 0 < first_new <= rounds_before + 1 and all(t == 0.8 for t in temps[first_new:])
+        applied = str(app.query_one("#applied").render())
+        assert "temperature = 0.8" in applied and "applies from token" in applied
+
+
+async def test_panel_controls_write_the_live_params(tmp_path):
+    app, _ = make_app(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(app, pilot)
+        await pilot.press("f2")
+        assert app.query_one("#params").display
+        await pilot.press("tab", "end")  # top-p to its maximum (off)
+        assert app.params.top_p == 1.0
+        await pilot.press("tab", "right", "right", "right")  # top-k 0 -> 3
+        assert app.params.top_k == 3
+        app.query_one("#speculation").value = "off"
+        await pilot.pause()
+        assert app.params.speculation == "off"
+        seed = app.query_one("#seed")
+        seed.value = "1234"
+        await pilot.pause()
+        assert app.params.seed == 1234
+        app.query_one("#max-tokens").value = "64"
+        await pilot.pause()
+        assert app.params.max_new_tokens == 64
+        app.params.validate()
+        await pilot.press("f2")
+        assert not app.query_one("#params").display and app.prompt.has_focus

@@ -1,0 +1,69 @@
+"""Send a message: the reply streams into the view, then renders whole; Enter sends, Ctrl+J breaks."""
+
+from __future__ import annotations
+
+import pytest
+from app_support import make_app, ready, send, wait_until
+from fake_engine import DEFAULT_REPLY, FakeEngine
+
+pytestmark = pytest.mark.anyio
+
+async def test_send_streams_reply(tmp_path):
+    app, engine = make_app(tmp_path, FakeEngine(delay=0.02))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(app, pilot)
+        await send(app, pilot, "How do I add two numbers?")
+        await wait_until(lambda: len(app.chat.messages) == 2 and app.chat.messages[1].content)
+        # Mid-stream: part of the reply is visible, not yet all of it.
+        partial = app.chat.messages[1].content
+        assert app.generating and DEFAULT_REPLY.startswith(partial) and partial != DEFAULT_REPLY
+        assert app.chat.messages[1].has_class("-streaming")
+        await wait_until(lambda: not app.generating)
+        user, reply = app.chat.messages
+        assert (user.role, user.content) == ("user", "How do I add two numbers?")
+        assert reply.content == DEFAULT_REPLY and not reply.has_class("-streaming")
+        assert engine.calls[0].messages == [{"role": "user", "content": "How do I add two numbers?"}]
+        assert app.prompt.text == ""
+        # The status bar shows the engine's figures.
+        assert app.status.stats is not None and app.status.stats.tokens_per_s > 0
+        assert "tok/s" in str(app.status.render())
+
+
+async def test_enter_sends_and_ctrl_j_breaks_line(tmp_path):
+    app, engine = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(app, pilot)
+        app.prompt.focus()
+        await pilot.press("h", "i", "ctrl+j", "y", "o")
+        assert app.prompt.text == "hi\nyo"
+        await pilot.press("enter")
+        await wait_until(lambda: engine.calls and not app.generating)
+        assert engine.calls[0].messages[-1]["content"] == "hi\nyo"
+
+
+async def test_second_turn_sends_whole_conversation(tmp_path):
+    app, engine = make_app(tmp_path, FakeEngine(replies=["First answer.", "Second answer."]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(app, pilot)
+        await send(app, pilot, "one")
+        await wait_until(lambda: len(engine.calls) == 1 and not app.generating)
+        await send(app, pilot, "two")
+        await wait_until(lambda: len(engine.calls) == 2 and not app.generating)
+        assert engine.calls[1].messages == [
+            {"role": "user", "content": "one"},
+            {"role": "assistant", "content": "First answer."},
+            {"role": "user", "content": "two"},
+        ]
+        # One session per conversation: the engine reuses its cache across turns.
+        assert len(engine.sessions) == 1
+
+
+async def test_engine_error_is_reported_and_partial_kept(tmp_path):
+    app, engine = make_app(tmp_path, FakeEngine(fail_at=3))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(app, pilot)
+        await send(app, pilot, "hi")
+        await wait_until(lambda: engine.calls and not app.generating)
+        await pilot.pause()
+        assert app.chat.messages[-1].content == engine.calls[0].shown
+        assert any("scripted failure" in str(n.message) for n in app._notifications)
