@@ -84,6 +84,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     sys.stdout.write("\n")
+    sys.stdout.flush()
     if args.stats and stats is not None:
         print(json.dumps({**stats.to_json(), "done": done.reason if done else None}), file=sys.stderr)
     if done is not None and done.reason == "error":
@@ -98,9 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parley", description=__doc__)
     sub = parser.add_subparsers(dest="command")
 
-    chat = sub.add_parser("chat", help="open the chat app (the default)")
-    add_model_arguments(chat)
-    chat.add_argument("--speculation", choices=("off", "prompt-lookup", "draft", "auto"), default="auto")
+    add_module_command(sub, "chat", "tui", "open the chat app (the default)")
 
     gen = sub.add_parser("generate", help="answer one prompt headlessly, streaming to stdout")
     gen.add_argument("prompt")
@@ -135,11 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["chat", *argv]
     args = parser.parse_args(argv)
     try:
-        if args.command == "chat":
-            return _module("tui").run(args)
         if args.command == "generate":
             return cmd_generate(args)
-        if args.command in ("quantize", "bench"):
+        if args.command in ("chat", "quantize", "bench"):
             if getattr(args, "unavailable", None):
                 parser.error(f"{' '.join(argv[:2])} is unavailable: {args.unavailable}")
             return args.module.run(args)
