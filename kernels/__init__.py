@@ -58,6 +58,7 @@ class TritonInt4Linear:
         self._mm = triton_int4.int4_mm
         self.qweight, self.qzeros = qweight.contiguous(), qzeros.contiguous()
         self.scales, self.group_size = scales.contiguous(), group_size
+        triton_int4.gemv_workspace(qweight.device, scales.shape[1])  # now, not inside graph capture
 
     def matmul(self, x: Tensor) -> Tensor:
         lead, K = x.shape[:-1], x.shape[-1]

@@ -5,7 +5,8 @@ imported and must not leak into other tests, so the interpreted cases run in one
 run as a script) and each test reads its result. With CUDA the same cases also run natively, in-process.
 
 The grid: every M x dtype on two layer shapes, plus a pairwise cover of K x N x group size (576 is not a
-multiple of 128, so that pair cannot exist). Errors are relative to max|y| and compared in fp32.
+multiple of 128, so that pair cannot exist). Errors are relative to max|y| against an fp32 reference;
+the bf16 tolerance also covers the interpreter, which truncates fp32 -> bf16 where GPUs round to nearest.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ CASES: list[Case] = (
     ]
 )
 PREPARE_CASE = "prepare_fp32_3d"  # the fp32 [B, T, K] -> [B, T, N] wrapper around the kernels
+SCRATCH_CASE = "split_k_scratch"  # what the split-K workspaces hold after every case has run
 
 
 def case_id(case: Case) -> str:
@@ -86,9 +88,19 @@ def prepare_error(device: str) -> float:
     return relative_error(y, ref)
 
 
+def scratch_left(device: str) -> float:
+    """The GEMV kernel must leave its shared split-K workspace and tickets zeroed for the next call."""
+    from parley.kernels.triton_int4 import _workspaces
+
+    scratch = [t for (dev, _), pair in _workspaces.items() if dev.type == device for t in pair]
+    assert scratch, "no split-K workspace was used"
+    return max(t.abs().max().item() for t in scratch)
+
+
 def all_errors(device: str) -> dict[str, float]:
     errors = {case_id(case): case_error(case, device) for case in CASES}
     errors[PREPARE_CASE] = prepare_error(device)
+    errors[SCRATCH_CASE] = scratch_left(device)
     return errors
 
 
@@ -121,6 +133,14 @@ def test_kernel_matches_reference(case: Case, device: str, request: pytest.Fixtu
 def test_prepared_weight_takes_fp32_and_any_leading_shape(device: str, request: pytest.FixtureRequest) -> None:
     error = measured_error(request, device, PREPARE_CASE, lambda: prepare_error("cuda"))
     assert error <= TOLERANCE["float16"], f"relative error {error:.2e}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_split_k_leaves_its_workspace_zeroed(device: str, request: pytest.FixtureRequest) -> None:
+    if device == "cuda":
+        for case in CASES:
+            case_error(case, "cuda")
+    assert measured_error(request, device, SCRATCH_CASE, lambda: scratch_left("cuda")) == 0
 
 
 if __name__ == "__main__":
