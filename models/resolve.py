@@ -155,7 +155,12 @@ def download(repo_id: str, revision: str | None, progress: ProgressFn | None = N
             f"{where}: cannot reach the hub ({endpoint or 'huggingface.co'}) and no cached copy exists; "
             "check the network, or pass a local directory or .gguf file"
         ) from None
-    except (OSError, errors.HfHubHTTPError) as e:  # connection cut, size mismatch, disk full, 5xx
+    except errors.IncompleteSnapshotError:
+        raise ModelLoadError(
+            f"{where}: the cached copy is incomplete (an interrupted download?) and cannot be completed "
+            "offline; unset HF_HUB_OFFLINE and run again to finish the download"
+        ) from None
+    except Exception as e:  # connection dropped on every retry, size mismatch, disk full, 5xx, ...
         raise ModelLoadError(
             f"{where}: download failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
             "run again to resume it -- incomplete files are never used"
