@@ -18,19 +18,22 @@ from .config import ModelConfig
 
 
 class KVCache(nn.Module):
-    """Keys and values of every layer in two static buffers [layers, batch, kv_heads, max_len, head_dim].
+    """Keys and values of every layer in static buffers, one pair per layer: [batch, kv_heads, max_len, head_dim].
 
     Slot i holds position i. Truncating is setting `length`: stale slots beyond it are hidden by the
     causal mask (a query at position p sees slots <= p) and overwritten by the next tokens, so rolling
-    back rejected speculative tokens costs nothing.
+    back rejected speculative tokens costs nothing. Separate buffers per layer keep an in-place write
+    a write of that layer only, also under torch.compile.
     """
 
     def __init__(self, config: ModelConfig, max_len: int, batch: int = 1,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
         super().__init__()
-        shape = (config.n_layers, batch, config.n_kv_heads, max_len, config.head_dim)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        shape = (batch, config.n_kv_heads, max_len, config.head_dim)
+        self.n_layers = config.n_layers
+        for i in range(config.n_layers):
+            self.register_buffer(f"k{i}", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+            self.register_buffer(f"v{i}", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.max_len = max_len
         self.length = 0  # leading slots holding valid positions; kept by the caller, which knows them
         # How many slots attention reads; set by the caller per forward so shapes stay few (bucketed).
@@ -43,9 +46,19 @@ class KVCache(nn.Module):
 
     def update(self, layer: int, pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write k/v [B, H, T, D] at slots `pos` [T]; return this layer's first `window` slots."""
-        self.k[layer].index_copy_(2, pos, k)
-        self.v[layer].index_copy_(2, pos, v)
-        return self.k[layer, :, :, : self.window], self.v[layer, :, :, : self.window]
+        k_cache, v_cache = getattr(self, f"k{layer}"), getattr(self, f"v{layer}")
+        k_cache.index_copy_(2, pos, k)
+        v_cache.index_copy_(2, pos, v)
+        return k_cache[:, :, : self.window], v_cache[:, :, : self.window]
+
+    @property
+    def k(self) -> Tensor:
+        """All layers' keys stacked [layers, B, H, max_len, D] (a copy, for inspection and tests)."""
+        return torch.stack([getattr(self, f"k{i}") for i in range(self.n_layers)])
+
+    @property
+    def v(self) -> Tensor:
+        return torch.stack([getattr(self, f"v{i}") for i in range(self.n_layers)])
 
 
 class RMSNorm(nn.Module):
