@@ -1,0 +1,259 @@
+"""`parley bench kernels`: INT4 matmul speed against dense matmul, on the shapes that matter.
+
+Random weights of real shapes: the embedded SmolLM2-135M layers (and its 49,152-row output head) and a
+7B llama's. On CPU every variant of a shape is timed in the same rounds, interleaved, and the figure is the
+median over rounds, so a neighbour's load hits all variants alike and the ratios hold even when the
+absolute times drift. On CUDA: Triton INT4 against fp16 `torch.matmul`, with achieved bandwidth against
+the device's peak, timed inside CUDA graphs so launch overhead does not hide the kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from parley import kernels
+from parley.kernels.reference import dequantize
+
+# (K, N) = (in_features, out_features)
+EMBEDDED_SHAPES = [(576, 576), (576, 192), (576, 1536), (1536, 576)]  # q/o, k/v, gate/up, down
+EMBEDDED_HEAD = (576, 49152)
+LLAMA_7B_SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096)]
+
+# Peak HBM bandwidth in GB/s by device-name fragment; torch does not report it.
+PEAK_GBPS = {"H200": 4800, "H100 SXM": 3350, "H100 PCIe": 2000, "H100": 3350, "A100-SXM4-80GB": 2039,
+             "A100 80GB": 1935, "A100": 1555, "L40S": 864, "L4": 300, "A10G": 600, "RTX 4090": 1008}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="auto: CPU figures, plus CUDA figures when a GPU is present")
+    parser.add_argument("--group-size", type=int, default=128,
+                        help="INT4 group size (a shape whose K it does not divide uses 64, then 32)")
+    parser.add_argument("--rounds", type=int, default=9, help="timing rounds; the median is reported")
+    parser.add_argument("--candidates", action="store_true",
+                        help="also time the CPU alternatives the fast path was chosen over")
+    parser.add_argument("--skip-7b", action="store_true", help="only the embedded model's shapes")
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.manual_seed(0)
+    report: dict = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+                    "group_size": args.group_size}
+    want_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device")
+        return 1
+    if args.device in ("auto", "cpu"):
+        report["cpu"] = bench_cpu(args)
+        report["cpu_head"] = bench_cpu_head(args)
+    if want_cuda:
+        report["cuda_device"] = torch.cuda.get_device_name()
+        report["cuda_peak_gbps"] = peak_gbps()
+        report["cuda"] = bench_cuda(args)
+        report["peak_gpu_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    report["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print_report(report)
+    return 0
+
+
+def group_for(k: int, wanted: int) -> int:
+    return next(g for g in (wanted, 128, 64, 32) if k % g == 0)
+
+
+def random_awq(k: int, n: int, group_size: int, device: str = "cpu", dtype: torch.dtype = torch.float16):
+    """Random AWQ tensors whose dequantized weight has the spread of a real layer (~0.02)."""
+    qweight = torch.randint(-(2**31), 2**31 - 1, (k, n // 8), dtype=torch.int32, device=device)
+    qzeros = torch.randint(-(2**31), 2**31 - 1, (k // group_size, n // 8), dtype=torch.int32, device=device)
+    scales = (torch.rand(k // group_size, n, device=device) * 0.004 + 0.001).to(dtype)
+    return qweight, qzeros, scales
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int, min_s: float = 0.01) -> dict[str, float]:
+    """Median seconds per call of each fn; every round times all of them back to back.
+
+    Repetitions per sample come from the fastest of a few single calls, so that one call that happened
+    to be descheduled (common on a shared 2-core machine) does not shrink every later sample to one call.
+    """
+    reps = {}
+    for name, fn in fns.items():
+        fn()
+        single = []
+        for _ in range(3):
+            start = time.perf_counter()
+            fn()
+            single.append(time.perf_counter() - start)
+        reps[name] = max(1, int(min_s / max(min(single), 1e-7)))
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(reps[name]):
+                fn()
+            samples[name].append((time.perf_counter() - start) / reps[name])
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def bench_cpu(args: argparse.Namespace) -> list[dict]:
+    """Per shape and row count: the CPU INT4 path against the fp32 dense product."""
+    plan = [("embedded", s, (1, 9, 256)) for s in EMBEDDED_SHAPES]
+    if not args.skip_7b:
+        plan += [("7b", s, (1, 9)) for s in LLAMA_7B_SHAPES]  # a 7B prefill in fp32 takes too long here
+    rows = []
+    for model, (k, n), ms in plan:
+        g = group_for(k, args.group_size)
+        awq = random_awq(k, n, g)
+        fast = kernels.CpuInt4Linear.from_awq(*awq, g)
+        w = dequantize(*awq, g).float().t().contiguous()  # [N, K] as nn.Linear holds it
+        extra: dict[str, object] = {}
+        if args.candidates:
+            extra = {"bf16_dense": w.bfloat16(), "int8_rows": kernels.CpuInt8Linear(w)}
+        for m in ms:
+            fns = cpu_variants(torch.randn(m, k), w, fast, extra, awq if model == "embedded" else None, g)
+            times = time_interleaved(fns, args.rounds)
+            row = {"model": model, "K": k, "N": n, "M": m, "group_size": g}
+            row.update({f"{name}_us": round(t * 1e6, 1) for name, t in times.items()})
+            row.update({f"{name}_speedup": round(times["fp32_dense"] / t, 2)
+                        for name, t in times.items() if name != "fp32_dense"})
+            rows.append(row)
+    return rows
+
+
+def cpu_variants(x: torch.Tensor, w: torch.Tensor, fast: kernels.CpuInt4Linear, extra: dict,
+                 awq: tuple | None, g: int) -> dict[str, Callable[[], object]]:
+    """The calls timed for one shape and row count: dense fp32, the INT4 path, and any candidates."""
+    xb = x.bfloat16()
+    fns: dict[str, Callable[[], object]] = {
+        "fp32_dense": lambda: F.linear(x, w),
+        "int4": lambda: fast.matmul(x),
+        "int4_bf16_act": lambda: fast.matmul(xb),
+    }
+    if extra:
+        fns["bf16_dense"] = lambda: F.linear(xb, extra["bf16_dense"])
+        fns["int8_rows_bf16_act"] = lambda: extra["int8_rows"].matmul(xb)
+        if awq is not None:  # dequantizing a 7B-sized weight per call would dominate the run
+            fns["reference"] = lambda: kernels.reference.int4_linear(x, *awq, g)
+    return fns
+
+
+def bench_cpu_head(args: argparse.Namespace) -> list[dict]:
+    """The tied output head: fp32 dense against `prepare_head` at 8, 4 and 16 bits, with its error."""
+    k, n = EMBEDDED_HEAD
+    w = torch.randn(n, k) * 0.05
+    heads = {f"head{bits}": kernels.prepare_head(w, bits) for bits in (8, 4, 16)}
+    rows = []
+    for m in (1, 9):
+        x = torch.randn(m, k)
+        times = time_interleaved(head_variants(x, w, heads), args.rounds)
+        exact = F.linear(x, w)
+        row = {"K": k, "N": n, "M": m}
+        row.update({f"{name}_us": round(t * 1e6, 1) for name, t in times.items()})
+        for name, h in heads.items():
+            y = h.matmul(x)
+            row[f"{name}_speedup"] = round(times["fp32_dense"] / times[name], 2)
+            row[f"{name}_max_logit_error"] = round((y - exact).abs().max().item(), 4)
+            row[f"{name}_argmax_agrees"] = bool((y.argmax(-1) == exact.argmax(-1)).all())
+        rows.append(row)
+    return rows
+
+
+def head_variants(x: torch.Tensor, w: torch.Tensor, heads: dict) -> dict[str, Callable[[], object]]:
+    fns: dict[str, Callable[[], object]] = {"fp32_dense": lambda: F.linear(x, w)}
+    fns.update({name: (lambda h=h: h.matmul(x)) for name, h in heads.items()})
+    return fns
+
+
+def peak_gbps() -> float | None:
+    name = torch.cuda.get_device_name()
+    return next((float(v) for key, v in PEAK_GBPS.items() if key in name), None)
+
+
+def bench_cuda(args: argparse.Namespace) -> list[dict]:
+    """Per shape and row count: Triton INT4 against fp16 torch.matmul, with achieved GB/s."""
+    shapes = [("embedded", s) for s in [*EMBEDDED_SHAPES, EMBEDDED_HEAD]]
+    shapes += [] if args.skip_7b else [("7b", s) for s in LLAMA_7B_SHAPES]
+    rows = []
+    for model, (k, n) in shapes:
+        g = group_for(k, args.group_size)
+        awq = random_awq(k, n, g, device="cuda")
+        fast = kernels.prepare(*awq, g)
+        w = dequantize(*awq, g).half()  # [K, N]
+        int4_bytes = sum(t.numel() * t.element_size() for t in awq)
+        for m in (1, 9, 256):
+            row = {"model": model, "K": k, "N": n, "M": m, "group_size": g}
+            row.update(cuda_times(torch.randn(m, k, device="cuda", dtype=torch.float16), fast, w, int4_bytes))
+            rows.append(row)
+    return rows
+
+
+def cuda_times(x: torch.Tensor, fast: kernels.Matmul, w: torch.Tensor, int4_bytes: int) -> dict:
+    from triton.testing import do_bench_cudagraph
+
+    fast.matmul(x)  # autotune outside graph capture
+    t_int4 = do_bench_cudagraph(lambda: fast.matmul(x)) * 1e-3
+    t_fp16 = do_bench_cudagraph(lambda: torch.matmul(x, w)) * 1e-3
+    io = (x.numel() + x.shape[0] * w.shape[1]) * 2
+    row = {"int4_us": round(t_int4 * 1e6, 2), "fp16_us": round(t_fp16 * 1e6, 2),
+           "speedup_vs_fp16": round(t_fp16 / t_int4, 2),
+           "int4_gbps": round((int4_bytes + io) / t_int4 / 1e9, 1),
+           "fp16_gbps": round((w.numel() * 2 + io) / t_fp16 / 1e9, 1)}
+    peak = peak_gbps()
+    if peak:
+        row["int4_pct_of_peak"] = round(100 * row["int4_gbps"] / peak, 1)
+        row["fp16_pct_of_peak"] = round(100 * row["fp16_gbps"] / peak, 1)
+    return row
+
+
+def print_report(report: dict) -> None:
+    print(f"torch {report['torch']}, {report['threads']} threads, INT4 group {report['group_size']}")
+    if "cpu" in report:
+        print("\nCPU: INT4 path (torch int4 op, bf16 compute) against fp32 dense, same rounds, medians")
+        print(f"{'model':9} {'K':>6} {'N':>6} {'M':>4}  {'fp32 us':>9} {'int4 us':>9} {'x':>6}"
+              f" {'int4 bf16-in us':>16} {'x':>6}")
+        for r in report["cpu"]:
+            print(f"{r['model']:9} {r['K']:6} {r['N']:6} {r['M']:4}  {r['fp32_dense_us']:9.1f}"
+                  f" {r['int4_us']:9.1f} {r['int4_speedup']:6.2f} {r['int4_bf16_act_us']:16.1f}"
+                  f" {r['int4_bf16_act_speedup']:6.2f}")
+            others = [k[:-3] for k in r if k.endswith("_us") and k[:-3] not in
+                      ("fp32_dense", "int4", "int4_bf16_act")]
+            if others:
+                print("          candidates: " + ", ".join(
+                    f"{name} {r[name + '_us']:.1f} us ({r[name + '_speedup']:.2f}x)" for name in others))
+        print("\nCPU output head 576 -> 49152: prepare_head against fp32 dense (random weights)")
+        for r in report["cpu_head"]:
+            print(f"  M={r['M']}: fp32 {r['fp32_dense_us']:.0f} us; " + "; ".join(
+                f"{b}-bit {r[f'head{b}_us']:.0f} us ({r[f'head{b}_speedup']:.2f}x, max logit error "
+                f"{r[f'head{b}_max_logit_error']}, argmax {'same' if r[f'head{b}_argmax_agrees'] else 'DIFFERS'})"
+                for b in (8, 4, 16)))
+    if "cuda" in report:
+        peak = report["cuda_peak_gbps"]
+        print(f"\nCUDA {report['cuda_device']} (peak {peak or '?'} GB/s): Triton INT4 against fp16 torch.matmul,"
+              " CUDA-graph timing")
+        print(f"{'model':9} {'K':>6} {'N':>6} {'M':>4}  {'fp16 us':>9} {'int4 us':>9} {'x':>6}"
+              f" {'int4 GB/s':>10} {'% peak':>7}")
+        for r in report["cuda"]:
+            print(f"{r['model']:9} {r['K']:6} {r['N']:6} {r['M']:4}  {r['fp16_us']:9.2f} {r['int4_us']:9.2f}"
+                  f" {r['speedup_vs_fp16']:6.2f} {r['int4_gbps']:10.1f} {r.get('int4_pct_of_peak', '-'):>7}")
+        print(f"peak GPU memory {report['peak_gpu_mib']} MiB")
+    print(f"peak RSS {report['peak_rss_mib']} MiB")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="parley bench kernels", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
