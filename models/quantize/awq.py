@@ -1,0 +1,326 @@
+"""Activation-aware weight quantization (AWQ, Lin et al. 2023) to INT4, one decoder layer at a time.
+
+Why it works: a few input channels carry much larger activations than the rest, and the rounding error of
+the weights that multiply them dominates the output error. Scaling those weight columns up by s (and the
+activations down by 1/s, folded into whatever produces them, so the fp model is unchanged) gives them
+finer steps on the INT4 grid. The scale is s = mean|x|^alpha per input channel, alpha picked on a grid by
+the output error of the block the linears feed; then each output group's clipping range is searched; then
+the weights are rounded (asymmetric INT4, zero point, one scale per group of input channels).
+
+Memory: the calibration activations of one layer live at a time; each layer's inputs are the fp outputs
+of the layer before (as AutoAWQ does), so only the layer being quantized need be on the accelerator.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from copy import copy, deepcopy
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from ..progress import Progress, ProgressFn
+from .int4_linear import Int4Linear, decoder_linears
+from .pack import fake_quantize
+
+SUPPORTED_GROUP_SIZES = (128, 64, 32)
+
+
+def group_size_for(in_features: int, preferred: int = 128) -> int:
+    """The preferred group size if it divides `in_features`, else the largest supported one that does."""
+    for g in (preferred, *(s for s in SUPPORTED_GROUP_SIZES if s < preferred)):
+        if in_features % g == 0:
+            return g
+    raise ValueError(f"input size {in_features} is divisible by none of the group sizes "
+                     f"{preferred} / {SUPPORTED_GROUP_SIZES}")
+
+
+def model_group_size(model: nn.Module, preferred: int = 128) -> int:
+    """One group size valid for every decoder linear of `model`.
+
+    A checkpoint's quantization_config holds a single group_size, so when one layer's input size needs a
+    fallback (SmolLM2's hidden size 576 needs 64) every layer uses it. Supported sizes are powers of two,
+    so the smallest per-layer choice divides all input sizes.
+    """
+    return min(group_size_for(lin.in_features, preferred) for _, _, lin in decoder_linears(model))
+
+
+@dataclass
+class AWQSettings:
+    group_size: int = 128
+    n_grid: int = 20  # alpha in 0, 1/n_grid, ..., (n_grid-1)/n_grid
+    duo_scaling: bool = False  # s = mean|x|^a / mean|w|^(1-a) (AutoAWQ's default) instead of mean|x|^a
+    clip: bool = True
+    clip_tokens: int = 512  # tokens the clipping search scores on (AutoAWQ: 512)
+    max_shrink: float = 0.5  # clipping range searched: 1.0 .. 1 - max_shrink of each group's max |w|
+    chunk: int = 8  # calibration samples per forward, to bound attention memory
+    # The scale search runs ~20 forwards of each block; on a CPU with bf16 matmuls (avx512_bf16 / AMX)
+    # running them in bf16 is ~4x faster, and its rounding (~0.3%) is small against INT4's (~5%).
+    search_dtype: torch.dtype | None = None  # None: the model's dtype
+
+
+@dataclass
+class LayerReport:
+    layer: int
+    alphas: dict[str, float]  # group name -> chosen alpha
+    seconds: float
+
+
+@dataclass
+class AWQReport:
+    group_size: int
+    requested_group_size: int
+    layers: list[LayerReport] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class _SequenceCache:
+    """Stands in for the KV cache while a layer runs on whole calibration sequences: attention reads the
+    keys and values of this call only."""
+
+    window = 0
+
+    def update(self, layer: int, pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        return k, v
+
+
+class LayerRunner:
+    """Runs one decoder layer (or a part of it) on calibration sequences [N, T, D], a few samples at a time."""
+
+    def __init__(self, model: nn.Module, seq_len: int, device: torch.device, dtype: torch.dtype,
+                 chunk: int) -> None:
+        positions = torch.arange(seq_len, device=device)
+        angles = positions[None, :, None].float() * model.inv_freq.to(device)  # [1, T, D/2]
+        angles = torch.cat((angles, angles), dim=-1)[:, None]  # [1, 1, T, D], as Transformer.forward
+        self.cos, self.sin = angles.cos().to(dtype), angles.sin().to(dtype)
+        self.mask = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()[None, None]
+        self.pos, self.cache, self.chunk = positions, _SequenceCache(), chunk
+
+    @classmethod
+    def like(cls, other: LayerRunner, dtype: torch.dtype) -> LayerRunner:
+        run = copy(other)
+        run.cos, run.sin = other.cos.to(dtype), other.sin.to(dtype)
+        return run
+
+    def map(self, fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+        return torch.cat([fn(part) for part in x.split(self.chunk)])
+
+    def block(self, block: nn.Module, x: Tensor) -> Tensor:
+        return self.map(lambda p: block(p, self.cos, self.sin, self.mask, self.pos, self.cache), x)
+
+    def attention(self, attn: nn.Module, x: Tensor) -> Tensor:
+        return self.map(lambda p: attn(p, self.cos, self.sin, self.mask, self.pos, self.cache), x)
+
+
+@dataclass
+class ScaleGroup:
+    """Linears sharing one input, the module producing that input, and the block output to preserve."""
+
+    name: str
+    prev: nn.Module  # RMSNorm (weight [in]) or nn.Linear (weight [in, *]) whose output is the input
+    linears: list[nn.Linear]
+    x: Tensor  # their calibration input [N, T, in]
+    inspect: Callable[[Tensor], Tensor]  # input -> the output whose error the scale search minimises
+
+
+def scale_groups(block: nn.Module, feats: dict[str, Tensor], run: LayerRunner) -> list[ScaleGroup]:
+    attn, mlp = block.self_attn, block.mlp
+    groups = [ScaleGroup("qkv", block.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj],
+                         feats["qkv"], lambda x: run.attention(attn, x))]
+    # o after v only when v's output is o's input channel for channel; with grouped-query attention v has
+    # fewer outputs than o has inputs, and (as AutoAWQ) o is not scaled.
+    if attn.v_proj.weight.shape == attn.o_proj.weight.shape:
+        groups.append(ScaleGroup("o", attn.v_proj, [attn.o_proj], feats["o"], lambda x: run.map(attn.o_proj, x)))
+    groups.append(ScaleGroup("gate_up", block.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj],
+                             feats["gate_up"], lambda x: run.map(mlp, x)))
+    groups.append(ScaleGroup("down", mlp.up_proj, [mlp.down_proj], feats["down"],
+                             lambda x: run.map(mlp.down_proj, x)))
+    return groups
+
+
+def capture_inputs(block: nn.Module, x: Tensor, run: LayerRunner) -> tuple[Tensor, dict[str, Tensor]]:
+    """The layer's fp output on x, and the inputs of its linears (one per group sharing an input)."""
+    taps = {"qkv": block.self_attn.q_proj, "o": block.self_attn.o_proj,
+            "gate_up": block.mlp.gate_proj, "down": block.mlp.down_proj}
+    parts: dict[str, list[Tensor]] = {k: [] for k in taps}
+    hooks = [m.register_forward_hook(lambda _m, args, _out, k=k: parts[k].append(args[0].detach()))
+             for k, m in taps.items()]
+    try:
+        out = run.block(block, x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return out, {k: torch.cat(v) for k, v in parts.items()}
+
+
+def mse(a: Tensor, b: Tensor) -> float:
+    return (a.float() - b.float()).pow(2).mean().item()
+
+
+@torch.no_grad()
+def search_scale(group: ScaleGroup, masters: list[Tensor], settings: AWQSettings,
+                 group_size: int) -> tuple[Tensor, float]:
+    """The per-input-channel scale s (and its alpha) minimising the error of the group's block output when
+    its linears compute with Q(W * s) / s.
+
+    `masters` are the full-precision weights to quantize; `group` may be a lower-precision working copy of
+    the block, whose linears get the quantized-then-unscaled masters and are restored afterwards.
+    """
+    x = group.x
+    x_mean = x.abs().reshape(-1, x.shape[-1]).float().mean(0)
+    if settings.duo_scaling:
+        w = torch.cat(masters).float()
+        w = w.abs().reshape(w.shape[0], -1, group_size)
+        w_mean = (w / (w.amax(-1, keepdim=True) + 1e-6)).reshape(w.shape[0], -1).mean(0)
+    reference = group.inspect(x)
+    originals = [lin.weight.data for lin in group.linears]
+    best_loss, best_alpha, best_s = float("inf"), 0.0, torch.ones_like(x_mean)
+    for i in range(settings.n_grid):
+        alpha = i / settings.n_grid
+        if settings.duo_scaling:
+            s = (x_mean.pow(alpha) / (w_mean.pow(1 - alpha) + 1e-4)).clamp(min=1e-4)
+        else:
+            s = x_mean.pow(alpha).clamp(min=1e-4)
+        s = s / (s.max() * s.min()).sqrt()  # centre the scales around 1 so neither end under/overflows
+        s[~torch.isfinite(s)] = 1
+        for lin, w0 in zip(group.linears, masters, strict=True):
+            sw = s.to(w0.dtype)
+            lin.weight.data = (fake_quantize(w0 * sw, group_size) / sw).to(lin.weight.dtype)
+        loss = mse(group.inspect(x), reference)
+        if loss < best_loss:
+            best_loss, best_alpha, best_s = loss, alpha, s.clone()
+    for lin, w0 in zip(group.linears, originals, strict=True):
+        lin.weight.data = w0
+    return best_s, best_alpha
+
+
+@torch.no_grad()
+def fold_scale(group: ScaleGroup, s: Tensor) -> None:
+    """Multiply the linears' input columns by s and divide what produces their input by s: the fp function
+    is unchanged, up to float rounding."""
+    prev = group.prev
+    s_prev = s.to(prev.weight.dtype)
+    if isinstance(prev, nn.Linear):  # its output rows are our input channels
+        prev.weight.div_(s_prev[:, None])
+        if prev.bias is not None:
+            prev.bias.div_(s_prev)
+    else:  # RMSNorm: one weight per channel
+        prev.weight.div_(s_prev)
+    for lin in group.linears:
+        lin.weight.mul_(s.to(lin.weight.dtype)[None, :])
+    group.x = group.x / s.to(group.x.dtype)  # the input the clipping search will see
+
+
+@torch.no_grad()
+def search_clip(w: Tensor, x: Tensor, group_size: int, settings: AWQSettings) -> Tensor:
+    """Per (output row, input group) the clipping bound max|w| * (1 - i/n_grid) that minimises the error of
+    that group's contribution to the output, on a sample of calibration tokens -> [out, in/group]."""
+    out_f, in_f = w.shape
+    n_groups = in_f // group_size
+    x = x.reshape(-1, in_f)
+    x = x[:: max(1, x.shape[0] // settings.clip_tokens)][: settings.clip_tokens].float()
+    xg = x.reshape(-1, n_groups, group_size).transpose(0, 1)  # [G, T, g]
+    bounds = []
+    for rows in w.float().split(1024):  # bound memory: [G, T, rows] partial outputs
+        wg = rows.reshape(rows.shape[0], n_groups, group_size)
+        org_max = wg.abs().amax(-1)  # [rows, G]
+        reference = xg @ wg.permute(1, 2, 0)  # [G, T, rows]
+        best_err = torch.full_like(org_max, float("inf"))
+        best = org_max.clone()
+        for i in range(int(settings.max_shrink * settings.n_grid)):
+            bound = org_max * (1 - i / settings.n_grid)
+            q = fake_quantize(rows, group_size, bound).reshape(rows.shape[0], n_groups, group_size)
+            err = (xg @ q.permute(1, 2, 0) - reference).pow(2).mean(1).t()  # [rows, G]
+            better = err < best_err
+            best_err = torch.where(better, err, best_err)
+            best = torch.where(better, bound, best)
+        bounds.append(best)
+    return torch.cat(bounds).to(w.dtype)
+
+
+@torch.no_grad()
+def awq_layer(block: nn.Module, x: Tensor, run: LayerRunner, settings: AWQSettings, group_size: int,
+              quantize: bool = True) -> tuple[Tensor, dict[str, float]]:
+    """Scale, clip and quantize one decoder layer in place; return its fp output on x (the next layer's
+    input) and the chosen alphas. quantize=False stops after folding the scales (weights stay fp)."""
+    out, feats = capture_inputs(block, x, run)
+    groups = scale_groups(block, feats, run)
+    search_dtype = settings.search_dtype or x.dtype
+    if search_dtype != x.dtype:  # search on a copy of the layer in search_dtype, fold into the real one
+        work = deepcopy(block).to(search_dtype)
+        search_run = LayerRunner.like(run, search_dtype)
+        search_groups = scale_groups(work, {k: v.to(search_dtype) for k, v in feats.items()}, search_run)
+    else:
+        search_groups = groups
+    del feats
+    alphas = {}
+    for group, search_group in zip(groups, search_groups, strict=True):
+        masters = [lin.weight.data for lin in group.linears]
+        s, alphas[group.name] = search_scale(search_group, masters, settings, group_size)
+        fold_scale(group, s)
+    del search_groups
+    if not quantize:
+        return out, alphas
+    for group in groups:
+        for lin in group.linears:
+            # q and k feed a softmax: the error of their own outputs is a poor proxy, so (as AutoAWQ) they
+            # are not clipped.
+            clip = settings.clip and lin not in (block.self_attn.q_proj, block.self_attn.k_proj)
+            bound = search_clip(lin.weight.data, group.x, group_size, settings) if clip else None
+            replace_module(block, lin, Int4Linear.from_linear(lin, group_size, bound))
+        group.x = torch.empty(0)
+    return out, alphas
+
+
+def replace_module(root: nn.Module, old: nn.Module, new: nn.Module) -> None:
+    for parent in root.modules():
+        for name, child in parent.named_children():
+            if child is old:
+                setattr(parent, name, new)
+                return
+    raise KeyError("module not found")
+
+
+@torch.no_grad()
+def awq_quantize(model: nn.Module, tokens: Tensor, settings: AWQSettings | None = None, *,
+                 progress: ProgressFn | None = None, device: torch.device | str | None = None,
+                 quantize: bool = True) -> AWQReport:
+    """Quantize `model`'s decoder linears in place with AWQ, calibrated on `tokens` [N, T].
+
+    Each layer is moved to `device` (default: where the model is) while it is worked on, then back.
+    quantize=False folds the searched scales but leaves the weights in floating point (for testing that
+    folding preserves the model).
+    """
+    settings = settings or AWQSettings()
+    group_size = model_group_size(model, settings.group_size)
+    report = AWQReport(group_size=group_size, requested_group_size=settings.group_size)
+    home = model.norm.weight.device
+    device = torch.device(device) if device is not None else home
+    dtype = model.norm.weight.dtype
+    run = LayerRunner(model, tokens.shape[1], device, dtype, settings.chunk)
+    x = model.embed_tokens(tokens.to(home)).to(device)
+    start = time.monotonic()
+    n = len(model.layers)
+    for i, block in enumerate(model.layers):
+        t0 = time.monotonic()
+        block.to(device)
+        x, alphas = awq_layer(block, x, run, settings, group_size, quantize)
+        block.to(home)
+        report.layers.append(LayerReport(i, alphas, time.monotonic() - t0))
+        if progress:
+            elapsed = time.monotonic() - start
+            eta = elapsed / (i + 1) * (n - i - 1)
+            progress(Progress("quantize", i + 1, n, "layer", f"layer {i + 1}/{n}, ETA {eta:.0f}s", eta))
+    report.seconds = time.monotonic() - start
+    return report
+
+
+@torch.no_grad()
+def rtn_quantize(model: nn.Module, group_size: int) -> int:
+    """Round-to-nearest INT4 baseline (no scaling, no clipping), in place; returns the group size used."""
+    g = model_group_size(model, group_size)
+    for parent, name, lin in decoder_linears(model):
+        setattr(parent, name, Int4Linear.from_linear(lin, g))
+    return g

@@ -1,0 +1,270 @@
+"""The Parley cache of AWQ-quantized models: quantize on first use, load in seconds afterwards.
+
+One folder per (source model + revision or content fingerprint, quantization settings), under
+`$PARLEY_CACHE_DIR/awq/` (default: the platform's user cache dir). A folder is built in a temporary
+sibling and `os.replace`d into place only when complete, and its `manifest.json` -- written last, holding
+the source, settings, calibration, timing and every file's size and sha256 -- is verified before each
+use. A folder that does not verify (killed build, truncated or edited file, other settings) is never
+used: it is rebuilt, and the log says why.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..progress import Progress, ProgressFn
+from ..resolve import ModelFiles
+from .awq import AWQSettings, awq_quantize
+from .calibration import calibration_key, load_calibration
+from .checkpoint import save_awq
+
+log = logging.getLogger("parley.quantize")
+
+CACHE_ENV = "PARLEY_CACHE_DIR"
+FORMAT_VERSION = 1  # bump when the algorithm or the folder format changes: older folders stop matching
+MANIFEST = "manifest.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+                   "generation_config.json", "vocab.json", "merges.txt", "added_tokens.json")
+
+
+def cache_root() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        base = Path(env).expanduser()
+    else:
+        import platformdirs
+
+        base = Path(platformdirs.user_cache_dir("parley"))
+    return base / "awq"
+
+
+def default_calibration_size(device: torch.device) -> tuple[int, int]:
+    """(samples, tokens each): AWQ's 128 x 512 on an accelerator, 32 x 256 on a CPU (minutes, not an hour)."""
+    return (128, 512) if device.type == "cuda" else (32, 256)
+
+
+def fast_cpu_bf16() -> bool:
+    """Whether this CPU has native bf16 dot products (then bf16 matmuls are ~4x fp32 ones)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def source_identity(files: ModelFiles) -> dict[str, Any]:
+    """What the quantized folder was made from: hub repo + commit, or a fingerprint of local files
+    (a GGUF's sha256; for a directory, its files' names, sizes and modification times)."""
+    ident: dict[str, Any] = {"ref": files.ref, "kind": files.kind}
+    if files.repo_id and files.revision:
+        ident.update(repo_id=files.repo_id, revision=files.revision)
+    elif files.kind == "gguf":
+        ident.update(path=str(files.path), sha256=_sha256(Path(files.path)))
+    else:
+        entries = sorted(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}"
+                         for p in Path(files.path).iterdir() if p.is_file())
+        ident.update(path=str(files.path), files_fingerprint=hashlib.sha256("\n".join(entries).encode()).hexdigest())
+    return ident
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:60] or "model"
+
+
+def folder_for(key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    src = key["source"]
+    name = src.get("repo_id") or Path(src.get("path", src["ref"])).stem
+    return cache_root() / f"{_slug(name)}-awq-g{key['settings']['group_size']}-{digest}"
+
+
+def verify(folder: Path, key: dict[str, Any]) -> str | None:
+    """None when `folder` is a complete build for `key`; otherwise why it is not."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        return "no manifest (an interrupted build?)"
+    except (OSError, ValueError) as e:
+        return f"unreadable manifest ({e})"
+    if manifest.get("key") != key:
+        return "its manifest records another source or other settings"
+    listed = manifest.get("files") or {}
+    for required in ("config.json", "model.safetensors"):
+        if required not in listed:
+            return f"the manifest lists no {required}"
+    for name, meta in listed.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != meta.get("size"):
+            return f"{name} has {path.stat().st_size} bytes, the manifest says {meta.get('size')}"
+        if _sha256(path) != meta.get("sha256"):
+            return f"{name} does not match its sha256 in the manifest"
+    return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale(root: Path) -> None:
+    """Remove temporary build folders whose builder process is gone (killed or crashed)."""
+    for p in root.glob(".tmp-*"):
+        m = re.search(r"\.pid(\d+)\.", p.name)
+        if m and not _pid_alive(int(m.group(1))):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def tokenizer_files(files: ModelFiles, out: Path) -> list[Path]:
+    """The source's tokenizer files; for a GGUF, a tokenizer.json and tokenizer_config.json written to `out`."""
+    if files.kind == "dir":
+        return [Path(files.path) / n for n in TOKENIZER_FILES if (Path(files.path) / n).is_file()]
+    from ..tokenizer import load_tokenizer
+
+    tok = load_tokenizer(files)
+    hf = getattr(tok.backend, "tok", None)
+    if hf is None:
+        log.warning("%s: tokenizer cannot be written as tokenizer.json; the AWQ folder has none", files.path)
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    hf.save(str(out / "tokenizer.json"))
+    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", **tok.special_tokens}
+    if tok.has_chat_template:
+        config["chat_template"] = tok.chat_template
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return [out / "tokenizer.json", out / "tokenizer_config.json"]
+
+
+def ensure_quantized(files: ModelFiles, *, group_size: int = 128, calib: str | list[str] | None = None,
+                     n_samples: int | None = None, seq_len: int | None = None,
+                     progress: ProgressFn | None = None, device: torch.device | str | None = None,
+                     rebuild: bool = False) -> ModelFiles:
+    """The AWQ folder for `files` in the Parley cache, quantizing (atomically) when there is no valid one.
+
+    A source that already is an AWQ checkpoint is returned as it is.
+    """
+    if files.kind == "dir":
+        cfg = json.loads((Path(files.path) / "config.json").read_text())
+        if (cfg.get("quantization_config") or {}).get("quant_method") == "awq":
+            return files
+    device = torch.device(device) if device is not None else torch.device(
+        "cuda" if torch.cuda.is_available() else "cpu")
+    default_n, default_len = default_calibration_size(device)
+    settings = {"format": FORMAT_VERSION, "method": "awq", "bits": 4, "group_size": group_size,
+                "calib": calibration_key(calib), "n_samples": n_samples or default_n,
+                "seq_len": seq_len or default_len}
+    key = {"source": source_identity(files), "settings": settings}
+    folder = folder_for(key)
+    result = ModelFiles(ref=f"{files.ref} (AWQ INT4)", kind="dir", path=folder, repo_id=files.repo_id,
+                        revision=files.revision)
+    if folder.exists() and not rebuild:
+        why = verify(folder, key)
+        if why is None:
+            return result
+        log.warning("cached AWQ model %s is not usable: %s; rebuilding it", folder, why)
+        if progress:
+            progress(Progress("quantize", 0, 0, "layer", f"cached model unusable ({why}); rebuilding"))
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale(folder.parent)
+    build(files, key, folder, calib, progress, device)
+    return result
+
+
+def build(files: ModelFiles, key: dict[str, Any], folder: Path, calib: str | list[str] | None,
+          progress: ProgressFn | None, device: torch.device) -> None:
+    """Quantize into a temporary sibling of `folder`, write the manifest last, then rename into place."""
+    from ..loading import load_model
+    from ..tokenizer import load_tokenizer
+
+    settings = key["settings"]
+    start = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{folder.name}.pid{os.getpid()}.", dir=folder.parent))
+    try:
+        # Layers are moved to `device` one at a time, so the whole model only needs host memory.
+        dtype = torch.float16 if device.type == "cuda" else torch.float32
+        model = load_model(files, dtype=dtype, device="cpu")
+        tok = load_tokenizer(files)
+        calibration = load_calibration(tok.encode, settings["n_samples"], settings["seq_len"], calib)
+        awq = AWQSettings(group_size=settings["group_size"])
+        if device.type == "cpu" and fast_cpu_bf16():
+            awq.search_dtype = torch.bfloat16
+        t0 = time.monotonic()
+        report = awq_quantize(model, calibration.tokens, awq, progress=progress, device=device)
+        quantize_s = time.monotonic() - t0
+        save_awq(model, model.config, tokenizer_files(files, tmp / ".tokenizer"), tmp)
+        shutil.rmtree(tmp / ".tokenizer", ignore_errors=True)
+        manifest = {
+            "key": key,
+            "source": key["source"],
+            "settings": {**settings, "group_size_used": report.group_size,
+                         "group_size_note": _group_note(report.requested_group_size, report.group_size),
+                         "search_dtype": str(awq.search_dtype or dtype).removeprefix("torch."),
+                         "n_grid": awq.n_grid, "duo_scaling": awq.duo_scaling, "clip": awq.clip},
+            "calibration": calibration.description,
+            "alphas": [layer.alphas for layer in report.layers],
+            "timing": {"quantize_s": round(quantize_s, 1), "total_s": round(time.monotonic() - start, 1),
+                       "device": str(device), "threads": torch.get_num_threads()},
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "files": {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
+                      for p in sorted(tmp.iterdir()) if p.is_file()},
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        _fsync_dir(tmp)
+        if folder.exists():  # an invalid build: move it aside, then put ours in its place
+            trash = folder.with_name(f".tmp-trash-{folder.name}.pid{os.getpid()}.{uuid.uuid4().hex[:8]}")
+            os.replace(folder, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        os.replace(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _group_note(requested: int, used: int) -> str:
+    if requested == used:
+        return ""
+    return (f"group size {requested} does not divide every layer's input size; {used} is used for all "
+            "layers so the single quantization_config group_size describes the checkpoint")
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Flush the files (and the folder entry) so a crash after the rename cannot leave empty files."""
+    for p in folder.iterdir():
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,97 @@
+"""`Int4Linear`: a drop-in for nn.Linear holding AutoAWQ GEMM tensors, the module swap of the INT4 model.
+
+The model code never knows it is quantized: `swap_linears` replaces the decoder layers' linears (the
+output head and embeddings stay in floating point, as AutoAWQ leaves them) and the forward calls the
+kernels, which own speed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ... import kernels
+from .pack import quantize_weight
+
+LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class Int4Linear(nn.Module):
+    """y = x @ dequant(qweight) + bias, weights in the AutoAWQ GEMM layout (see pack.py)."""
+
+    def __init__(self, in_features: int, out_features: int, group_size: int, bias: bool = False,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float16) -> None:
+        super().__init__()
+        if in_features % group_size or out_features % 8:
+            raise ValueError(f"Int4Linear({in_features}, {out_features}) needs in % group_size "
+                             f"({group_size}) == 0 and out % 8 == 0")
+        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        n_groups = in_features // group_size
+        self.register_buffer("qweight", torch.zeros(in_features, out_features // 8, dtype=torch.int32,
+                                                    device=device))
+        self.register_buffer("qzeros", torch.zeros(n_groups, out_features // 8, dtype=torch.int32,
+                                                   device=device))
+        self.register_buffer("scales", torch.zeros(n_groups, out_features, dtype=torch.float16, device=device))
+        if bias:
+            self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device))
+        else:
+            self.bias = None
+        self._prepared: Any = None  # the kernels' repacked form, built on first use
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group_size: int, max_abs: Tensor | None = None) -> Int4Linear:
+        """Quantize an nn.Linear (its weight clipped per group to `max_abs` first, when given)."""
+        w = linear.weight.data
+        m = cls(linear.in_features, linear.out_features, group_size, linear.bias is not None,
+                device=w.device, dtype=w.dtype)
+        m.qweight, m.qzeros, m.scales = quantize_weight(w, group_size, max_abs)
+        if linear.bias is not None:
+            m.bias = linear.bias.data.clone()
+        return m
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        self._prepared = None  # new tensors: repack on next use
+        super()._load_from_state_dict(*args, **kwargs)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Int4Linear:
+        self._prepared = None  # moved or cast: repack on next use
+        return super()._apply(fn, recurse)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if hasattr(kernels, "prepare"):
+            if self._prepared is None:
+                self._prepared = kernels.prepare(self.qweight, self.qzeros, self.scales, self.group_size)
+            y = self._prepared.matmul(x)
+        else:
+            y = kernels.int4_linear(x, self.qweight, self.qzeros, self.scales, self.group_size)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, group_size={self.group_size}, " \
+               f"bias={self.bias is not None}"
+
+
+def decoder_linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """(parent, attribute, module) of every projection inside the decoder layers."""
+    found = []
+    for layer in model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name in LINEAR_NAMES:
+                if hasattr(parent, name):
+                    found.append((parent, name, getattr(parent, name)))
+    return found
+
+
+def swap_linears(model: nn.Module, group_size: int) -> nn.Module:
+    """Replace the decoder layers' nn.Linear modules by empty Int4Linear ones of the same shape, in place.
+
+    For loading a checkpoint: the caller fills the buffers with `load_state_dict`.
+    """
+    for parent, name, lin in decoder_linears(model):
+        if isinstance(lin, nn.Linear):
+            w = lin.weight
+            setattr(parent, name, Int4Linear(lin.in_features, lin.out_features, group_size,
+                                             lin.bias is not None, device=w.device, dtype=w.dtype))
+    return model
