@@ -70,8 +70,13 @@ class Engine:
         if draft:
             from .speculative import DraftModel
 
-            dfiles = resolve(draft, progress=progress)
-            drafter = DraftModel(load_model(dfiles, dtype=dtype, device=dev), load_tokenizer(dfiles), tokenizer)
+            if draft == "self" or draft.startswith("self:"):  # layer-skip: the target's first layers
+                n = int(draft.partition(":")[2] or max(1, model.config.n_layers // 4))
+                drafter = DraftModel.self_draft(model, n, tokenizer)
+            else:
+                dfiles = resolve(draft, progress=progress)
+                drafter = DraftModel(load_model(dfiles, dtype=dtype, device=dev), load_tokenizer(dfiles), tokenizer,
+                                     vocab_size=model.config.vocab_size)
         return cls(model, tokenizer, name=name, quantization=quantization,
                    context_window=context_window or int(os.environ.get("PARLEY_CONTEXT", 0)) or None,
                    draft=drafter)

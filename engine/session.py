@@ -87,7 +87,9 @@ class Session:
             drafter = eng.drafter(params.speculation)
             adapt.k_max = params.draft_tokens
             k = min(adapt.k, params.draft_tokens, room, budget - 1)
-            draft, q = drafter.propose(eng.cached_ids + [pending], k, params) if drafter and k > 0 else ([], None)
+            draft, q = ([], None)
+            if drafter and k > 0:
+                draft, q = drafter.propose(eng.cached_ids + [pending], k, params, generator)
             draft, q = draft[:k], (q[: len(draft[:k])] if q is not None else None)
 
             logits = eng.forward([pending, *draft])

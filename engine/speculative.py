@@ -2,21 +2,29 @@
 
 `verify` is the exact rejection-sampling rule of Leviathan et al. / Chen et al. (2023): the emitted
 tokens are distributed exactly as if the target had sampled them one at a time from `sampling.probs`.
+Two drafters sit behind one protocol: `PromptLookup` (copy what followed the newest earlier match of
+the last few tokens; no model) and `DraftModel` (a small model with the same tokenizer).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from ..models.transformer import KVCache, Transformer
 from .params import GenerationParams
-from .sampling import sample
+from .sampling import probs, sample
+
+DRAFT_CHUNK = 512  # the draft prefills long contexts in pieces, as the target does
+WINDOW_BUCKET = 256  # attention reads the draft cache up to the next multiple of this
 
 
 class Drafter(Protocol):
-    def propose(self, context: list[int], k: int, params: GenerationParams) -> tuple[list[int], Tensor | None]:
+    def propose(self, context: list[int], k: int, params: GenerationParams,
+                generator: torch.Generator | None = None) -> tuple[list[int], Tensor | None]:
         """Up to k guessed next tokens for `context`, and the distributions [n, V] they were drawn from
         (None for a deterministic drafter: q is then one-hot on each guess)."""
         ...
@@ -52,37 +60,197 @@ def verify(p: Tensor, draft: list[int], q: Tensor | None, generator: torch.Gener
 
 
 class PromptLookup:
-    """Guesses from the context itself: find the newest n-gram earlier in the context (longest n
-    first) and propose the tokens that followed it. Costs no model pass; proposes nothing when
-    nothing matches, so free chat pays nothing."""
+    """Guesses from the context itself: find the newest earlier occurrence of the last n tokens
+    (longest n first, max_n down to min_n) and propose the tokens that followed it. Costs no model
+    pass; proposes nothing when nothing matches, so free chat pays nothing.
+
+    An index {n-gram: newest start that has a follower} per n is extended incrementally as the
+    context grows, so a round costs a few dict lookups rather than a rescan of a long pasted
+    document; it is rebuilt only when the context stops extending the one indexed (a new turn that
+    edits history).
+    """
 
     def __init__(self, min_n: int = 2, max_n: int = 4) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"prompt lookup n-gram sizes min_n={min_n}, max_n={max_n}: need 1 <= min_n <= max_n")
         self.min_n, self.max_n = min_n, max_n
+        self._ids: list[int] = []
+        self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
 
-    def propose(self, context: list[int], k: int, params: GenerationParams) -> tuple[list[int], Tensor | None]:
+    def propose(self, context: list[int], k: int, params: GenerationParams | None = None,
+                generator: torch.Generator | None = None) -> tuple[list[int], Tensor | None]:
+        if k <= 0:
+            return [], None
+        self._extend(context)
         n_ctx = len(context)
         for n in range(min(self.max_n, n_ctx - 1), self.min_n - 1, -1):
-            tail = context[-n:]
-            # newest earlier occurrence first: it is the likeliest to continue the same way
-            for start in range(n_ctx - n - 1, -1, -1):
-                if context[start : start + n] == tail:
-                    follow = context[start + n : start + n + k]
-                    if follow:
-                        return follow, None
+            start = self._index[n].get(tuple(context[-n:]))
+            if start is not None:
+                return context[start + n : start + n + k], None
         return [], None
+
+    def _extend(self, context: list[int]) -> None:
+        """Index every n-gram of `context` that has at least one token after it."""
+        old = len(self._ids)
+        if len(context) < old or context[:old] != self._ids:
+            self._ids, old = [], 0
+            for table in self._index.values():
+                table.clear()
+        self._ids.extend(context[old:])
+        ids, new = self._ids, len(context)
+        for n, table in self._index.items():
+            # starts s with s + n <= new - 1; those up to old - n - 1 are already in
+            for s in range(max(0, old - n), new - n):
+                table[tuple(ids[s : s + n])] = s  # later starts overwrite: the newest wins
+
+
+class VocabularyMismatch(ValueError):
+    """The draft model's tokenizer is not the target's: its token ids would mean other text."""
+
+
+def check_same_vocabulary(draft_tokenizer, target_tokenizer) -> None:
+    """Raise VocabularyMismatch naming both vocabularies unless the two tokenizers agree id for id."""
+    dv, tv = draft_tokenizer.vocab_size, target_tokenizer.vocab_size
+    if dv != tv:
+        raise VocabularyMismatch(
+            f"the draft model's tokenizer has a vocabulary of {dv} tokens, the target's has {tv}: a draft model "
+            "must share the target's tokenizer (pick one from the same model family)")
+    if hasattr(draft_tokenizer, "vocab") and hasattr(target_tokenizer, "vocab"):
+        d, t = draft_tokenizer.vocab(), target_tokenizer.vocab()
+        if d != t:
+            diff = sorted({tok for tok, _ in set(d.items()) ^ set(t.items())})[:3]
+            examples = ", ".join(f"{tok!r}: draft {d.get(tok)} / target {t.get(tok)}" for tok in diff)
+            raise VocabularyMismatch(
+                f"the draft model's tokenizer ({len(d)} entries) and the target's ({len(t)} entries) map tokens "
+                f"to different ids (e.g. {examples}): a draft model must share the target's tokenizer")
+
+
+class DraftModel:
+    """A small model with the target's tokenizer, drafting with the same sampling transform.
+
+    Its KV cache follows the target's without being told about accepts and rejects: each round it
+    keeps the longest common prefix of what it holds and the context it is given, and feeds the rest
+    (usually the one or two tokens the target just decided). Drafting stops early when the draft's
+    own top probability at a position falls below `min_confidence`, where a guess is likely wasted.
+    """
+
+    def __init__(self, model: Transformer, tokenizer, target_tokenizer, *, min_confidence: float = 0.3,
+                 max_len: int | None = None, vocab_size: int | None = None) -> None:
+        check_same_vocabulary(tokenizer, target_tokenizer)
+        if model.config.vocab_size < tokenizer.vocab_size:
+            raise VocabularyMismatch(f"the draft model has {model.config.vocab_size} output rows, fewer than its "
+                                     f"tokenizer's vocabulary of {tokenizer.vocab_size} tokens")
+        self.model = model.eval()
+        self.min_confidence = min_confidence
+        self.max_len = max_len or min(model.config.max_seq_len, 8192)
+        self.vocab_size = vocab_size  # the target's logit width, when it differs from the draft's (padding)
+        self.cache: KVCache | None = None  # allocated on first use
+        self.cached_ids: list[int] = []  # tokens whose KV the draft cache holds, in order
+
+    @classmethod
+    def self_draft(cls, target: Transformer, n_layers: int, tokenizer, **kw) -> DraftModel:
+        """Layer-skip drafting: the target's first `n_layers` blocks, its final norm and head, sharing
+        the target's weights (nothing is copied). Works offline with any model; how well its guesses
+        match depends on how much the skipped layers change the argmax."""
+        if not 1 <= n_layers <= target.config.n_layers:
+            raise ValueError(f"self-draft layers={n_layers}: the target has {target.config.n_layers} layers")
+        with torch.device("meta"):  # a shell; every module is then replaced by the target's own
+            shell = Transformer(replace(target.config, n_layers=n_layers))
+        shell.embed_tokens = target.embed_tokens
+        shell.layers = nn.ModuleList(target.layers[:n_layers])
+        shell.norm = target.norm
+        shell.lm_head = target.lm_head
+        shell.inv_freq = target.inv_freq
+        return cls(shell, tokenizer, tokenizer, vocab_size=target.config.vocab_size, **kw)
+
+    def propose(self, context: list[int], k: int, params: GenerationParams,
+                generator: torch.Generator | None = None) -> tuple[list[int], Tensor | None]:
+        if k <= 0 or not context or len(context) + k > self.max_len:
+            return [], None
+        logits = self._sync(context)
+        draft: list[int] = []
+        rows: list[Tensor] = []
+        for i in range(k):
+            if float(torch.softmax(logits, -1).max()) < self.min_confidence:
+                break
+            q = probs(logits, params)
+            x = int(q.argmax()) if params.temperature == 0 else sample(q, generator or torch.default_generator)
+            draft.append(x)
+            rows.append(q)
+            if i + 1 < k:
+                logits = self._feed([x])
+        if not draft:
+            return [], None
+        q = torch.stack(rows)
+        if self.vocab_size is not None and self.vocab_size != q.shape[-1]:  # padded embedding tables differ
+            q = torch.nn.functional.pad(q, (0, self.vocab_size - q.shape[-1])) if self.vocab_size > q.shape[-1] \
+                else q[:, : self.vocab_size]
+        return draft, q
+
+    def _sync(self, context: list[int]) -> Tensor:
+        """Roll the draft cache back to its common prefix with `context`, feed the rest; return the
+        logits after the last context token."""
+        if self.cache is None:
+            self.cache = self.model.new_cache(self.max_len)
+        # At least the last context token is fed again: its logits are what the first guess needs.
+        keep = min(_common_prefix(self.cached_ids, context), len(context) - 1)
+        del self.cached_ids[keep:]
+        self.cache.truncate(keep)
+        rest = context[keep:]
+        for i in range(0, len(rest), DRAFT_CHUNK):
+            logits = self._feed(rest[i : i + DRAFT_CHUNK])
+        return logits
+
+    @torch.inference_mode()
+    def _feed(self, tokens: list[int]) -> Tensor:
+        """Write the KV of `tokens` after `cached_ids` and claim it; return the last position's logits."""
+        assert self.cache is not None
+        start = len(self.cached_ids)
+        end = start + len(tokens)
+        self.cache.window = min(self.cache.max_len, -(-end // WINDOW_BUCKET) * WINDOW_BUCKET)
+        device = self.model.norm.weight.device
+        ids = torch.tensor([tokens], device=device)
+        pos = torch.arange(start, end, device=device)[None]
+        logits = self.model(ids, pos, self.cache, True)[0, -1]
+        self.cached_ids.extend(tokens)
+        self.cache.length = end
+        return logits
+
+    def reset(self) -> None:
+        self.cached_ids.clear()
+        if self.cache is not None:
+            self.cache.truncate(0)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]: bisect with C-speed slice comparisons
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class AdaptiveDraftLength:
-    """k grows after a fully accepted round and shrinks after a rejection, within [1, k_max]."""
+    """k grows after a fully accepted round and shrinks after a rejection, within [1, k_max] (k_max <= 16).
+
+    Growth doubles (a long copied span from a pasted document reaches 16 in a few rounds); a rejection
+    sets k just past what was accepted, so the next round risks little more than what is working.
+    """
 
     def __init__(self, k_max: int, k: int | None = None) -> None:
-        self.k_max = k_max
-        self.k = min(k or 4, k_max)
+        self.k_max = max(1, min(k_max, 16))
+        self.k = max(1, min(k or 4, self.k_max))
 
     def update(self, proposed: int, accepted: int) -> None:
         if proposed == 0:
             return
         if accepted == proposed:
-            self.k = min(self.k + 2, self.k_max)
+            self.k = min(max(self.k, proposed) * 2, self.k_max, 16)
         else:
             self.k = max(1, min(self.k - 1, accepted + 1))
