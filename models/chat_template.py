@@ -69,5 +69,5 @@ def render(source: str, messages: list[dict[str, Any]], add_generation_prompt: b
         return compile_template(source).render(
             messages=plain, add_generation_prompt=add_generation_prompt, **(special_tokens or {})
         )
-    except jinja2.TemplateError as e:
-        raise ValueError(f"the model's chat template rejected these messages: {e}") from None
+    except Exception as e:  # the template is foreign code: any failure in it is the template's
+        raise ValueError(f"the model's chat template rejected these messages: {type(e).__name__}: {e}") from None

@@ -57,8 +57,9 @@ class SentencePieceBackend:
 
         self.sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
         self.added = added  # id -> content, matched before sentencepiece sees the text
-        self.by_content = {c: i for i, c in added.items()}
-        self._special = special | {i for i in range(self.sp.get_piece_size()) if self.sp.is_control(i)}
+        control = {i for i in range(self.sp.get_piece_size()) if self.sp.is_control(i)}  # <s>, </s>
+        self.by_content = {**{self.sp.id_to_piece(i): i for i in control}, **{c: i for i, c in added.items()}}
+        self._special = special | control
         names = sorted(self.by_content, key=len, reverse=True)
         self.split = re.compile("(" + "|".join(map(re.escape, names)) + ")") if names else None
 
