@@ -103,7 +103,8 @@ class ModelConfig:
                 f"{path}: architecture {arch!r} is not supported; Parley runs "
                 f"{', '.join(SUPPORTED_ARCHITECTURES)}. Pick a GGUF of one of those families."
             )
-        names = {t.name for t in file.tensors}
+        shapes = {t.name: t.shape for t in file.tensors}
+        names = set(shapes)
 
         def get(key: str, default: Any = None) -> Any:
             value = meta.get(f"{arch}.{key}", default)
@@ -113,7 +114,8 @@ class ModelConfig:
 
         n_heads = int(get("attention.head_count"))
         dim = int(get("embedding_length"))
-        vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))
+        # the embedding's rows are the truth: some converters pad the vocabulary beyond the token list
+        vocab = shapes.get("token_embd.weight", (meta.get(f"{arch}.vocab_size") or 0,))[0]
         rope_scaling = None
         if meta.get(f"{arch}.rope.scaling.type") == "linear":
             rope_scaling = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
