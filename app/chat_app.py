@@ -222,14 +222,15 @@ class ParleyApp(App[int]):
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
     def load_engine(self) -> None:
         """Load (maybe download and quantize) in a thread; progress is marshalled to the UI thread."""
-        last = 0.0
+        last, last_stage = 0.0, ""
 
         def progress(p: Progress) -> None:
-            nonlocal last
+            # Downloads report every chunk: pass at most ~10 a second, but never a new stage or an end.
+            nonlocal last, last_stage
             now = time.monotonic()
             finished = bool(p.total) and p.done >= p.total
-            if now - last >= PROGRESS_INTERVAL_S or finished:
-                last = now
+            if now - last >= PROGRESS_INTERVAL_S or finished or p.stage != last_stage:
+                last, last_stage = now, p.stage
                 self.call_from_thread(self._show_progress, p)
 
         try:

@@ -26,7 +26,8 @@ def make_app(tmp_path: Path, engine: FakeEngine | None = None, **kwargs) -> tupl
     """A ParleyApp on the fake engine with its database and exports under `tmp_path`."""
     engine = engine or FakeEngine()
     load = kwargs.pop("load", None) or loader(engine)
-    app = ParleyApp(load, store=Store(tmp_path / "parley.db"), export_dir=tmp_path, **kwargs)
+    store = kwargs.pop("store", None) or Store(tmp_path / "parley.db")
+    app = ParleyApp(load, store=store, export_dir=tmp_path, **kwargs)
     return app, engine
 
 

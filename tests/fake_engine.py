@@ -114,7 +114,7 @@ def loader(engine: FakeEngine, progress_script: list[Progress] | None = None,
             if progress is not None:
                 progress(p)
         if block is not None:
-            block.wait()
+            block.wait(timeout=10)  # never outlive a failed test
         if error is not None:
             raise error
         return engine
