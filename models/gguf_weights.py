@@ -76,7 +76,7 @@ def open_gguf(path: str | Path) -> GGUFFile:
         raise ModelLoadError(f"{path}: cannot be read ({e}); pass a readable .gguf file") from None
     try:
         return _parse(path, buf.view(np.ndarray))  # plain views: memmap subclasses slow numpy down
-    except (struct.error, IndexError, ValueError, UnicodeDecodeError) as e:
+    except (struct.error, IndexError, KeyError, ValueError, OverflowError, UnicodeDecodeError) as e:
         raise ModelLoadError(
             f"{path}: not a valid GGUF file, or truncated ({type(e).__name__}: {e}); re-download it"
         ) from None
