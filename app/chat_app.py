@@ -216,7 +216,8 @@ class ParleyApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "stop":
             return self.generating
-        return True
+        # Until the engine is loaded (the first-run screen) only quitting and help make sense.
+        return self.engine is not None or action in ("help", "quit", "command_palette")
 
     # loading
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
@@ -250,6 +251,7 @@ class ParleyApp(App[int]):
 
     def _engine_ready(self, engine: Any) -> None:
         self.engine = engine
+        self.refresh_bindings()
         self.status.model = engine.model_name
         self.status.quantization = engine.quantization
         self.status.context_window = engine.context_window

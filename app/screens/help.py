@@ -2,29 +2,39 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Markdown
+from textual.widgets import Static
 
-HELP = """\
-# Parley keys
+KEYS = (
+    ("Enter", "send"),
+    ("Shift+Enter, Ctrl+J", "new line"),
+    ("Esc", "stop the reply (keeps what was shown)"),
+    ("Ctrl+R", "regenerate the last reply"),
+    ("Ctrl+G, ↑ (empty prompt)", "edit and resend your last message"),
+    ("Ctrl+N", "new chat"),
+    ("F2", "sampling sliders: ←/→, Home/End, mouse"),
+    ("F3 / F4", "history / system prompt"),
+    ("Ctrl+S", "summarise the pasted document"),
+    ("c / y on a message", "copy it / copy its code block"),
+    ("Tab", "move between prompt, messages, panel"),
+    ("Ctrl+P", "command palette (themes, export…)"),
+    ("Ctrl+Q", "quit"),
+)
 
-| Key | Does |
-|---|---|
-| Enter / Shift+Enter, Ctrl+J | send / new line |
-| Esc | stop the reply (keeps what was shown) |
-| Ctrl+R / Ctrl+G, ↑ | regenerate / edit & resend last |
-| Ctrl+N | new chat |
-| F2 | sampling sliders (←/→, Home/End, mouse) |
-| F3 / F4 | history / system prompt |
-| Ctrl+S | summarise the pasted document |
-| c / y on a message | copy it / copy its code |
-| Ctrl+P / Ctrl+Q | command palette / quit |
 
-A paste over 20 lines or 1,000 characters becomes an attachment.
-"""
+def help_text() -> Text:
+    text = Text()
+    text.append("Parley keys\n\n", "bold")
+    width = max(len(k) for k, _ in KEYS) + 2
+    for key, does in KEYS:
+        text.append(key.ljust(width), "bold")
+        text.append(does + "\n")
+    text.append("\nA paste over 20 lines or 1,000 characters becomes an attachment.", "italic")
+    return text
 
 
 class HelpScreen(ModalScreen[None]):
@@ -32,4 +42,4 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help-body"):
-            yield Markdown(HELP)
+            yield Static(help_text())

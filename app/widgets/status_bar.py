@@ -1,7 +1,8 @@
-"""One line of live figures: speed, latency, speculation, context, model."""
+"""One line of live figures: speed, latency, speculation, context; the model on the right."""
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
@@ -18,25 +19,32 @@ class StatusBar(Widget):
     context_window: reactive[int] = reactive(0)
     generating: reactive[bool] = reactive(False)
 
-    def render(self) -> Text:
-        parts: list[tuple[str, str]] = []
+    def figures(self) -> list[str]:
         s = self.stats
+        parts = []
         if s is not None:
-            parts.append((f"{s.tokens_per_s:.1f} tok/s", "bold"))
-            parts.append((f"ttft {s.ttft_s:.2f}s", ""))
+            parts.append(f"{s.tokens_per_s:.1f} tok/s")
+            parts.append(f"ttft {s.ttft_s:.2f}s")
             if s.proposed:
-                parts.append((f"accept {s.acceptance_rate:.0%} · {s.tokens_per_target_pass:.1f}/pass", ""))
+                parts.append(f"acc {s.acceptance_rate:.0%} {s.tokens_per_target_pass:.1f}/pass")
         window = (s.context_window if s and s.context_window else 0) or self.context_window
-        used = s.context_tokens if s else 0
         if window:
-            parts.append((f"ctx {used:,}/{window:,}", ""))
+            parts.append(f"ctx {s.context_tokens if s else 0:,}/{window:,}")
+        return parts
+
+    def render(self) -> Text:
         model = self.model + (f" · {self.quantization}" if self.quantization else "")
-        parts.append((model, "italic"))
-        text = Text(no_wrap=True, overflow="ellipsis")
+        left = Text(no_wrap=True, overflow="ellipsis")
         if self.generating:
-            text.append("● ", "bold")
-        for i, (part, style) in enumerate(parts):
+            left.append("● ", "bold")
+        for i, part in enumerate(self.figures()):
             if i:
-                text.append(" │ ", "dim")
-            text.append(part, style)
-        return text
+                left.append(" │ ", "dim")
+            left.append(part, "bold" if i == 0 and self.stats else "")
+        # The model stays whole on the right; the figures give way first in a narrow terminal.
+        width = self.content_size.width
+        room = max(0, width - cell_len(model) - 2)
+        left.truncate(room, overflow="ellipsis")
+        left.pad_right(max(0, width - left.cell_len - cell_len(model)))
+        left.append(model, "italic")
+        return left
