@@ -67,3 +67,24 @@ async def test_engine_error_is_reported_and_partial_kept(tmp_path):
         await pilot.pause()
         assert app.chat.messages[-1].content == engine.calls[0].shown
         assert any("scripted failure" in str(n.message) for n in app._notifications)
+
+
+async def test_view_follows_the_bottom_unless_scrolled_up(tmp_path):
+    engine = FakeEngine(replies=["line\n\n" * 300], delay=0.01)
+    app, _ = make_app(tmp_path, engine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(app, pilot)
+        await send(app, pilot, "lines please")
+        chat = app.chat
+        await wait_until(lambda: chat.max_scroll_y > 10)
+        await pilot.pause()
+        assert chat.scroll_y >= chat.max_scroll_y - 2  # following
+        chat.focus()
+        await pilot.press("pageup")
+        await pilot.pause()
+        held = chat.scroll_y
+        assert held < chat.max_scroll_y
+        grown = chat.max_scroll_y
+        await wait_until(lambda: chat.max_scroll_y > grown + 5)
+        assert chat.scroll_y == held  # the user's place is kept while the reply grows
+        await pilot.press("escape")

@@ -85,3 +85,15 @@ async def test_palette_runs_app_commands_and_help_opens(tmp_path):
 def test_code_blocks():
     text = "a\n```py\nx = 1\n```\nb\n~~~\ny\n~~~\n"
     assert code_blocks(text) == ["x = 1", "y"]
+
+
+async def test_theme_choice_is_remembered(tmp_path):
+    app, _ = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(app, pilot)
+        app.theme = "nord"
+        await pilot.pause()
+    app, _ = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(app, pilot)
+        assert app.theme == "nord"
