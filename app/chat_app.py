@@ -206,6 +206,11 @@ class ParleyApp(App[int]):
         self.push_screen(self._loading)
         self.load_engine()
 
+    def on_unmount(self) -> None:
+        # Quitting mid-reply: let the engine thread stop at its next round instead of running on.
+        if self._reply is not None:
+            self._reply.cancel.set()
+
     def _remember_theme(self, theme: Theme) -> None:
         self.store.set_setting("theme", theme.name)
 

@@ -4,33 +4,28 @@ from __future__ import annotations
 
 import argparse
 
-from parley.engine.params import SPECULATION_MODES, GenerationParams
+from parley.app import cli
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None,
-                        help="hub id (org/name[@rev]), local folder or .gguf file; default: this machine's default")
-    parser.add_argument("--draft", default=None, help="draft model for speculative decoding (same tokenizer)")
-    parser.add_argument("--speculation", choices=SPECULATION_MODES, default="auto",
-                        help="speculative decoding mode (changeable live in the sliders panel)")
-    parser.add_argument("--quant", choices=("awq", "none"), default="awq",
-                        help="awq: INT4 weights (quantized once and cached); none: full precision")
-    parser.add_argument("--system", default="", help="system prompt for new conversations")
+    # The same model and sampling flags as `parley generate`; the sliders start from these values.
+    cli.add_model_arguments(parser)
+    cli.add_sampling_arguments(parser)
+    parser.add_argument("--system", default="", help="system prompt for new conversations (F4 edits it)")
 
 
 def run(args: argparse.Namespace) -> int:
-    # Imported here so `parley --help` and other subcommands do not pay for Textual and torch.
+    # Imported here so `parley --help` and the other subcommands do not pay for Textual and torch.
     from parley.app.chat_app import ParleyApp
     from parley.engine.engine import Engine
 
-    model = getattr(args, "model", None)
-    draft = getattr(args, "draft", None)
-    quant = getattr(args, "quant", None) or "awq"
-    params = GenerationParams(speculation=getattr(args, "speculation", None) or "auto")
+    params = cli.params_from_args(args)
+    model, device = args.model, getattr(args, "device", None)
 
     def load(progress):
-        return Engine.load(model, quant=quant, draft=draft, progress=progress)
+        kwargs = {"device": device} if device else {}
+        return Engine.load(model, quant=args.quant, draft=args.draft, progress=progress, **kwargs)
 
-    app = ParleyApp(load, model_ref=model, params=params, system_prompt=getattr(args, "system", "") or "")
+    app = ParleyApp(load, model_ref=model, params=params, system_prompt=args.system or "")
     app.run()
     return app.return_code or 0
