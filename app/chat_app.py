@@ -327,7 +327,7 @@ class ParleyApp(App[int]):
         reply = ActiveReply(view)
         self._reply = reply
         self.generating = True
-        self.panel.live_tokens = 0
+        self.panel.reply_progress(0)
         self._drain_timer.resume()
         self._run_reply(self._ensure_session(), messages, reply)
 
@@ -356,7 +356,7 @@ class ParleyApp(App[int]):
         if stats is not None:
             self.status.stats = stats
             self._context_used = stats.context_tokens or self._context_used
-        self.panel.live_tokens = reply.buffer.tokens
+        self.panel.reply_progress(reply.buffer.tokens)
         if done is not None:
             await self._finish_reply(reply, done)
 
@@ -367,7 +367,7 @@ class ParleyApp(App[int]):
         self._reply = None
         self._drain_timer.pause()
         self.generating = False
-        self.panel.live_tokens = None
+        self.panel.reply_progress(None)
         await reply.view.finish()
         if reply.view.content:
             assert self.conversation is not None

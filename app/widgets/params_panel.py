@@ -58,8 +58,9 @@ class ParamsPanel(VerticalScroll):
     def __init__(self, params: GenerationParams, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.params = params
-        # Set by the app while a reply streams, so the panel can say where a change lands.
+        # Tokens of the streaming reply (None between replies), so the panel can say where a change lands.
         self.live_tokens: int | None = None
+        self._pending: tuple[str, object, int] | None = None  # a change made mid-reply, not yet seen applied
         self._ready = False
 
     def compose(self) -> ComposeResult:
@@ -117,11 +118,32 @@ class ParamsPanel(VerticalScroll):
         if not self._ready:
             return
         at = self.live_tokens
-        where = f"applies from token {at + 1}" if at is not None else "applies to the next reply"
-        self.query_one("#applied", Static).update(f"{attr} = {value} · {where}")
+        if at is None:
+            self._pending = None
+            self._show(f"{attr} = {value} · applies to the next reply")
+        else:
+            self._pending = (attr, value, at)
+            self._show(f"{attr} = {value} · next round (after token {at})")
+        self.post_message(self.Applied(attr, value, at))
+
+    def _show(self, text: str) -> None:
+        self.query_one("#applied", Static).update(text)
         self.add_class("-flash")
         self.set_timer(0.6, lambda: self.remove_class("-flash"))
-        self.post_message(self.Applied(attr, value, at))
+
+    def reply_progress(self, tokens: int | None) -> None:
+        """Called by the app as a reply advances (None when it ends); confirms a mid-reply change."""
+        self.live_tokens = tokens
+        if self._pending is None:
+            return
+        attr, value, at = self._pending
+        if tokens is not None and tokens > at:
+            # The engine snapshots the params at each round, so the tokens after `at` come from rounds
+            # that read the new value (all but the round that was already running).
+            self._pending = None
+            self._show(f"{attr} = {value} · applied after token {at}")
+        elif tokens is None:
+            self._pending = None
 
     def sync_from_params(self) -> None:
         """Show the live object's values (after something other than the panel changed them)."""
