@@ -379,7 +379,7 @@ class ParleyApp(App[int]):
         else:
             await reply.view.remove()
         if done.reason == "error":
-            self.notify(f"Generation failed: {done.detail}", severity="error", timeout=10)
+            self.notify(f"Generation failed: {done.detail}", severity="error", timeout=10, markup=False)
         elif done.reason == "length":
             self.notify("Stopped at the max tokens limit (F2 to raise it)")
 
@@ -513,7 +513,7 @@ class ParleyApp(App[int]):
         assert conversation is not None
         path = self.export_dir / f"{slug(conversation.title)}-{conversation_id}.md"
         path.write_text(self.store.export_markdown(conversation_id), encoding="utf-8")
-        self.notify(f"Exported to {path}")
+        self.notify(f"Exported to {path}", markup=False)
         return path
 
     def _last_reply(self) -> ChatMessage | None:

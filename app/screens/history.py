@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -70,9 +71,9 @@ class HistoryScreen(ModalScreen[int | None]):
         else:
             options.add_option(Option("No conversations yet", disabled=True))
 
-    def _prompt(self, conv: Conversation) -> str:
+    def _prompt(self, conv: Conversation) -> Text:
         mark = "● " if conv.id == self.current else "  "
-        return f"{mark}{conv.title}  [dim]{_when(conv.updated_at)}[/dim]"
+        return Text.assemble(mark + conv.title, ("  " + _when(conv.updated_at), "dim"))
 
     def _selected(self) -> int | None:
         options = self.query_one("#history-list", OptionList)

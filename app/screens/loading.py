@@ -55,14 +55,14 @@ class LoadingScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="loading-box"):
-            yield Static(f"Preparing {self.model_ref or 'the default model'}", id="loading-title")
+            yield Static(f"Preparing {self.model_ref or 'the default model'}", id="loading-title", markup=False)
             yield Label("Download", classes="loading--stage")
             yield ProgressBar(id="download-bar", show_eta=False)
-            yield Label("waiting…", id="download-detail", classes="loading--detail")
+            yield Label("waiting…", id="download-detail", classes="loading--detail", markup=False)
             yield Label("Quantize (AWQ INT4)", classes="loading--stage")
             yield ProgressBar(id="quantize-bar", show_eta=False)
-            yield Label("waiting…", id="quantize-detail", classes="loading--detail")
-            yield Label("", id="load-detail", classes="loading--detail")
+            yield Label("waiting…", id="quantize-detail", classes="loading--detail", markup=False)
+            yield Label("", id="load-detail", classes="loading--detail", markup=False)
             yield Static("", id="loading-error")
         yield Footer()
 

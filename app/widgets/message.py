@@ -18,10 +18,13 @@ def code_blocks(markdown: str) -> list[str]:
     return [m.group(2).rstrip("\n") for m in _FENCE.finditer(markdown)]
 
 
-def attachment_label(text: str, tokens: int | None) -> str:
+def attachment_label(text: str, tokens: int | None, *, counting: bool = True) -> str:
     """'pasted: 214 lines, 1,870 tokens' — the compact form of a pasted document."""
     lines = text.count("\n") + 1
-    count = f"{tokens:,} tokens" if tokens is not None else "counting tokens…"
+    if tokens is not None:
+        count = f"{tokens:,} tokens"
+    else:
+        count = "counting tokens…" if counting else f"{len(text):,} characters"
     return f"pasted: {lines:,} line{'s' if lines != 1 else ''}, {count}"
 
 
@@ -47,7 +50,8 @@ class ChatMessage(Vertical, can_focus=True):
     def compose(self) -> ComposeResult:
         yield Label("You" if self.role == "user" else "Assistant", classes="message--role")
         if self.attachment is not None:
-            yield Label(attachment_label(self.attachment, self.attachment_tokens), classes="message--attachment")
+            label = attachment_label(self.attachment, self.attachment_tokens, counting=False)
+            yield Label(label, classes="message--attachment", markup=False)
         yield Markdown(self.content, classes="message--body")
 
     @property
