@@ -115,7 +115,7 @@ def slug(title: str) -> str:
 class ParleyApp(App[int]):
     """A terminal chat over an in-process engine. The engine comes from `load_engine(progress)`."""
 
-    CSS_PATH = "parley.tcss"
+    CSS_PATH = Path(__file__).parent / "parley.tcss"  # absolute, so subclasses elsewhere keep it
     TITLE = "Parley"
     COMMANDS = App.COMMANDS | {ParleyCommands}
     BINDINGS = [

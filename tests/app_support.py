@@ -22,12 +22,13 @@ async def wait_until(predicate: Callable[[], object], timeout: float = 5.0, inte
         await asyncio.sleep(interval)
 
 
-def make_app(tmp_path: Path, engine: FakeEngine | None = None, **kwargs) -> tuple[ParleyApp, FakeEngine]:
+def make_app(tmp_path: Path, engine: FakeEngine | None = None, *, app_class: type[ParleyApp] = ParleyApp,
+             **kwargs) -> tuple[ParleyApp, FakeEngine]:
     """A ParleyApp on the fake engine with its database and exports under `tmp_path`."""
     engine = engine or FakeEngine()
     load = kwargs.pop("load", None) or loader(engine)
     store = kwargs.pop("store", None) or Store(tmp_path / "parley.db")
-    app = ParleyApp(load, store=store, export_dir=tmp_path, **kwargs)
+    app = app_class(load, store=store, export_dir=tmp_path, **kwargs)
     return app, engine
 
 

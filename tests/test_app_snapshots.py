@@ -23,7 +23,7 @@ QUESTION = "How do I add two numbers in Python?"
 class FirstRunApp(ParleyApp):
     """Holds the fake load open on the first-run screen; lets it go when the app closes."""
 
-    gate: threading.Event
+    gate = threading.Event()
 
     def on_unmount(self) -> None:
         self.gate.set()
@@ -60,14 +60,13 @@ def test_sliders_panel_open(snap_compare, tmp_path, size):
 
 @pytest.mark.parametrize("size", SIZES)
 def test_first_run_progress(snap_compare, tmp_path, size):
-    gate = threading.Event()
     engine = FakeEngine()
     script = [
         Progress("download", 988e6, 988e6, "B", "model.safetensors"),
         Progress("quantize", 12, 30, "layer", "layer 12/30", eta_s=40.0),
     ]
-    app, _ = make_app(tmp_path, engine, load=loader(engine, script, block=gate))
-    app.__class__ = FirstRunApp
+    gate = threading.Event()
+    app, _ = make_app(tmp_path, engine, app_class=FirstRunApp, load=loader(engine, script, block=gate))
     app.gate = gate
 
     async def run_before(pilot) -> None:
