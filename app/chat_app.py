@@ -53,17 +53,33 @@ class ReplyBuffer:
         self._stats: Stats | None = None
         self._done: Done | None = None
         self.tokens = 0  # tokens decided so far: TextDelta count, corrected by Stats.new_tokens
+        self.started = time.perf_counter()
+        self.first_at: float | None = None
+        self.last_at: float | None = None
 
     def push(self, event: TextDelta | Stats | Done) -> None:
         with self._lock:
             if isinstance(event, TextDelta):
                 self._text.append(event.text)
                 self.tokens += 1
+                self.last_at = time.perf_counter()
+                if self.first_at is None:
+                    self.first_at = self.last_at
             elif isinstance(event, Stats):
                 self._stats = event
                 self.tokens = max(self.tokens, event.new_tokens)
             elif self._done is None:
                 self._done = event
+
+    def live_figures(self) -> tuple[int, float, float | None]:
+        """(deltas so far, their rate after the first, time to the first): the UI's estimate until the
+        engine's own `Stats` arrive (it may send them only at the end)."""
+        with self._lock:
+            first, last, n = self.first_at, self.last_at, self.tokens
+        if first is None or last is None:
+            return 0, 0.0, None
+        rate = (n - 1) / (last - first) if n > 1 and last > first else 0.0
+        return n, rate, first - self.started
 
     def drain(self) -> tuple[str, Stats | None, Done | None]:
         """Everything since the last drain; `Done` is returned only after all text before it."""
@@ -80,6 +96,7 @@ class ActiveReply:
     buffer: ReplyBuffer = field(default_factory=ReplyBuffer)
     cancel: threading.Event = field(default_factory=threading.Event)
     finished: bool = False
+    has_stats: bool = False
 
 
 def fit_text(count_tokens: Callable[[str], int], text: str, budget: int) -> tuple[str, int]:
@@ -354,8 +371,12 @@ class ParleyApp(App[int]):
         if reply is not self._reply:  # stopped while we were writing
             return
         if stats is not None:
+            reply.has_stats = True
+            self.status.live = None
             self.status.stats = stats
             self._context_used = stats.context_tokens or self._context_used
+        elif not reply.has_stats:
+            self.status.live = reply.buffer.live_figures()
         self.panel.reply_progress(reply.buffer.tokens)
         if done is not None:
             await self._finish_reply(reply, done)
@@ -367,6 +388,7 @@ class ParleyApp(App[int]):
         self._reply = None
         self._drain_timer.pause()
         self.generating = False
+        self.status.live = None
         self.panel.reply_progress(None)
         await reply.view.finish()
         if reply.view.content:

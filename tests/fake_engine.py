@@ -58,7 +58,7 @@ class FakeSession:
                 return
             call.shown += token
             yield TextDelta(token)
-            if (i + 1) % 8 == 0 or i + 1 == len(tokens):
+            if (engine.stats_every and (i + 1) % engine.stats_every == 0) or i + 1 == len(tokens):
                 yield self._stats(i + 1, prompt_tokens, params)
             if i + 1 >= params.max_new_tokens:
                 call.reason = "length"
@@ -87,11 +87,12 @@ class FakeEngine:
     quantization = "awq-int4"
 
     def __init__(self, replies: list[str] | None = None, *, delay: float = 0.0, context_window: int = 4096,
-                 fail_at: int | None = None) -> None:
+                 fail_at: int | None = None, stats_every: int | None = 8) -> None:
         self.replies = replies or [DEFAULT_REPLY]
         self.delay = delay
         self.context_window = context_window
         self.fail_at = fail_at
+        self.stats_every = stats_every  # None: Stats only at the end, like the real engine today
         self.calls: list[ReplyCall] = []
         self.sessions: list[FakeSession] = []
 

@@ -88,3 +88,16 @@ async def test_view_follows_the_bottom_unless_scrolled_up(tmp_path):
         await wait_until(lambda: chat.max_scroll_y > grown + 5)
         assert chat.scroll_y == held  # the user's place is kept while the reply grows
         await pilot.press("escape")
+
+
+async def test_status_estimates_speed_until_the_engine_reports(tmp_path):
+    engine = FakeEngine(replies=["tok " * 40], delay=0.02, stats_every=None)  # Stats only at the end
+    app, _ = make_app(tmp_path, engine)
+    async with app.run_test(size=(120, 24)) as pilot:
+        await ready(app, pilot)
+        await send(app, pilot, "go")
+        await wait_until(lambda: app.status.live is not None and app.status.live[0] >= 5)
+        line = str(app.status.render())
+        assert "~" in line and "tok/s" in line and "ttft" in line
+        await wait_until(lambda: not app.generating)
+        assert app.status.live is None and "42.5 tok/s" in str(app.status.render())

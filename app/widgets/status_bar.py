@@ -18,11 +18,21 @@ class StatusBar(Widget):
     quantization: reactive[str] = reactive("")
     context_window: reactive[int] = reactive(0)
     generating: reactive[bool] = reactive(False)
+    # While a reply streams and before its Stats arrive: (tokens, tokens/s, ttft) measured by the UI.
+    live: reactive[tuple[int, float, float | None] | None] = reactive(None)
 
     def figures(self) -> list[str]:
         s = self.stats
         parts = []
-        if s is not None:
+        if self.live is not None:
+            tokens, rate, ttft = self.live
+            if ttft is None:
+                parts.append("prefilling…")
+            else:
+                parts.append(f"~{rate:.1f} tok/s")
+                parts.append(f"ttft {ttft:.2f}s")
+                parts.append(f"{tokens} tok")
+        elif s is not None:
             parts.append(f"{s.tokens_per_s:.1f} tok/s")
             parts.append(f"ttft {s.ttft_s:.2f}s")
             if s.proposed:
@@ -40,7 +50,7 @@ class StatusBar(Widget):
         for i, part in enumerate(self.figures()):
             if i:
                 left.append(" │ ", "dim")
-            left.append(part, "bold" if i == 0 and self.stats else "")
+            left.append(part, "bold" if i == 0 and (self.stats or self.live) else "")
         # The model stays whole on the right; the figures give way first in a narrow terminal.
         width = self.content_size.width
         room = max(0, width - cell_len(model) - 2)
