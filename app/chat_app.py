@@ -1,6 +1,6 @@
 """The Parley chat app: conversation, composer, live sampling panel, status bar.
 
-Threads: the engine loads and replies in thread workers. A reply's events go into a `ReplyBuffer`
+Threads: the engine loads and replies in thread workers. A reply's events go into a `ReplyBuffer` (streaming.py)
 that the UI drains on a timer (every ~40 ms), so deltas are coalesced into one `MarkdownStream.write`
 per batch, the engine thread never waits for the UI, and the UI never waits for the model.
 """
@@ -11,7 +11,6 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +28,13 @@ from parley.app.screens.help import HelpScreen
 from parley.app.screens.history import Deleted, HistoryScreen, Renamed
 from parley.app.screens.loading import LoadingScreen
 from parley.app.store import Conversation, Store, compose_user_content
+from parley.app.streaming import ActiveReply
 from parley.app.widgets.attachment import Attachment
 from parley.app.widgets.message import ChatMessage, ChatView
 from parley.app.widgets.params_panel import ParamsPanel
 from parley.app.widgets.prompt import PromptInput
 from parley.app.widgets.status_bar import StatusBar
-from parley.engine.events import Done, Stats, TextDelta
+from parley.engine.events import Done
 from parley.engine.params import GenerationParams
 from parley.models.progress import Progress, ProgressFn
 
@@ -42,61 +42,6 @@ EngineLoader = Callable[[ProgressFn | None], Any]  # returns an Engine (or a tes
 
 SUMMARISE_PROMPT = "Summarise the pasted document: the main points as a short bulleted list."
 PROGRESS_INTERVAL_S = 0.1
-
-
-class ReplyBuffer:
-    """Events of one reply, pushed by the engine thread and drained by the UI timer."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._text: list[str] = []
-        self._stats: Stats | None = None
-        self._done: Done | None = None
-        self.tokens = 0  # tokens decided so far: TextDelta count, corrected by Stats.new_tokens
-        self.started = time.perf_counter()
-        self.first_at: float | None = None
-        self.last_at: float | None = None
-
-    def push(self, event: TextDelta | Stats | Done) -> None:
-        with self._lock:
-            if isinstance(event, TextDelta):
-                self._text.append(event.text)
-                self.tokens += 1
-                self.last_at = time.perf_counter()
-                if self.first_at is None:
-                    self.first_at = self.last_at
-            elif isinstance(event, Stats):
-                self._stats = event
-                self.tokens = max(self.tokens, event.new_tokens)
-            elif self._done is None:
-                self._done = event
-
-    def live_figures(self) -> tuple[int, float, float | None]:
-        """(deltas so far, their rate after the first, time to the first): the UI's estimate until the
-        engine's own `Stats` arrive (it may send them only at the end)."""
-        with self._lock:
-            first, last, n = self.first_at, self.last_at, self.tokens
-        if first is None or last is None:
-            return 0, 0.0, None
-        rate = (n - 1) / (last - first) if n > 1 and last > first else 0.0
-        return n, rate, first - self.started
-
-    def drain(self) -> tuple[str, Stats | None, Done | None]:
-        """Everything since the last drain; `Done` is returned only after all text before it."""
-        with self._lock:
-            text, stats, done = "".join(self._text), self._stats, self._done
-            self._text.clear()
-            self._stats = None
-            return text, stats, done
-
-
-@dataclass
-class ActiveReply:
-    view: ChatMessage
-    buffer: ReplyBuffer = field(default_factory=ReplyBuffer)
-    cancel: threading.Event = field(default_factory=threading.Event)
-    finished: bool = False
-    has_stats: bool = False
 
 
 def fit_text(count_tokens: Callable[[str], int], text: str, budget: int) -> tuple[str, int]:
