@@ -237,20 +237,40 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class AdaptiveDraftLength:
-    """k grows after a fully accepted round and shrinks after a rejection, within [1, k_max] (k_max <= 16).
+    """How many tokens to draft next round: k in [1, k_max] (k_max <= 16), or 0 while paused.
 
-    Growth doubles (a long copied span from a pasted document reaches 16 in a few rounds); a rejection
-    sets k just past what was accepted, so the next round risks little more than what is working.
+    k doubles after a fully accepted round (a long span copied from a pasted document reaches 16 in
+    a few rounds) and drops to just past what was accepted after a rejection. A drafter that keeps
+    missing entirely is paused: after `patience` rounds in a row with nothing accepted, drafting stops
+    for 1, 2, 4, ... up to `max_pause` rounds, then is tried again, so a useless drafter costs little
+    more than plain decoding (each failed guess makes the target verify a longer, dearer pass). The
+    decision uses only past rounds, so it never biases what is emitted.
     """
 
-    def __init__(self, k_max: int, k: int | None = None) -> None:
-        self.k_max = max(1, min(k_max, 16))
-        self.k = max(1, min(k or 4, self.k_max))
+    def __init__(self, k_max: int, k: int | None = None, patience: int = 3, max_pause: int = 32) -> None:
+        self.k_max = k_max
+        self._k = max(1, min(k or 4, k_max, 16))
+        self.patience, self.max_pause = patience, max_pause
+        self._misses = 0  # consecutive drafted rounds with nothing accepted
+        self._pause = 0  # rounds left without drafting
+        self._next_pause = 1
+
+    @property
+    def k(self) -> int:
+        return 0 if self._pause else max(1, min(self._k, self.k_max, 16))
 
     def update(self, proposed: int, accepted: int) -> None:
         if proposed == 0:
+            self._pause = max(0, self._pause - 1)
             return
-        if accepted == proposed:
-            self.k = min(max(self.k, proposed) * 2, self.k_max, 16)
+        if accepted == 0:
+            self._misses += 1
+            if self._misses >= self.patience:
+                self._pause, self._misses = self._next_pause, 0
+                self._next_pause = min(2 * self._next_pause, self.max_pause)
         else:
-            self.k = max(1, min(self.k - 1, accepted + 1))
+            self._misses, self._next_pause = 0, 1
+        if accepted == proposed:
+            self._k = min(max(self._k, proposed) * 2, 16)
+        else:
+            self._k = max(1, min(self._k - 1, accepted + 1))

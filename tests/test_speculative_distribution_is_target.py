@@ -19,6 +19,7 @@ from collections import Counter
 import pytest
 import torch
 from single_thread import single_thread  # noqa: F401
+from spec_helpers import perturbed
 from tiny import ByteTokenizer, tiny_engine, tiny_model
 
 from parley.engine.events import TextDelta
@@ -87,15 +88,6 @@ def speculate_two(ctx, propose, p: Rows, g: torch.Generator) -> tuple[int, int]:
         out += new
         k = 1 if len(new) <= len(draft) else k
     return out[0], out[1]
-
-
-def perturbed(model, scale: float = 0.3, seed: int = 1):
-    """A draft that is close to the target but not equal: noise on the output projection."""
-    draft = copy.deepcopy(model)
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        draft.lm_head.weight[:256] += scale * torch.randn_like(draft.lm_head.weight[:256])
-    return draft
 
 
 @pytest.fixture(scope="module")

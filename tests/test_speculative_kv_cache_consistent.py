@@ -4,6 +4,7 @@ equals a fresh prefill of those tokens, and so does the draft model's own cache.
 import pytest
 import torch
 from single_thread import single_thread  # noqa: F401
+from spec_helpers import perturbed
 from tiny import ByteTokenizer, tiny_engine, tiny_model
 
 from parley.engine.events import Stats
@@ -24,7 +25,7 @@ def assert_cache_equals_fresh_prefill(model, cache, ids: list[int]) -> None:
 
 @pytest.mark.parametrize("mode", ["prompt-lookup", "draft"])
 def test_caches_equal_fresh_prefill_after_mixed_rounds(mode):
-    draft = DraftModel(tiny_model(seed=8), ByteTokenizer(), ByteTokenizer(), min_confidence=0.0)
+    draft = DraftModel(perturbed(tiny_model(seed=5)), ByteTokenizer(), ByteTokenizer(), min_confidence=0.0)
     eng = tiny_engine(seed=5, draft=draft)
     eng.tokenizer.stop_ids = frozenset()
     convo = [{"role": "user", "content": "one two three, one two three, one two"}]

@@ -1,0 +1,141 @@
+"""Speculative decoding at temperature 0: plain vs prompt lookup vs a draft model, in one run.
+
+Scenarios: (a) summarising a ~1,900-token pasted document (assets/speculative/document.md), where
+lookup can copy names and phrases; (b) free chat, where it mostly cannot and must cost ~nothing;
+(c) a draft model (default: a self-draft, the target's first layers and head). Every figure comes
+from `Session.reply` (the real loop and its `Stats`); runs of a scenario are interleaved and each
+starts from an empty cache, so all see the same machine load and the same prefill. The per-pass cost
+of the target against the number of tokens it verifies is printed too: it is what speculation trades.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from importlib import resources
+
+import torch
+
+CHAT_PROMPT = "Give me three tips for keeping a sourdough starter healthy, with a sentence on why each works."
+SUMMARY_PROMPT = "Summarise the following document.\n\n"
+PASS_TOKENS = (1, 2, 3, 5, 9, 17)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="model ref (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--quant", choices=("none", "awq"), default="none", help="target weights: none (fp32) or awq")
+    p.add_argument("--draft", default="self:15",
+                   help="draft model ref for (c): 'self:N' (the target's first N layers), a model ref, or 'none'")
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--draft-tokens", type=int, default=16, help="upper bound of the adaptive draft length (1..16)")
+    p.add_argument("--repeats", type=int, default=1, help="interleaved runs per configuration (median)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def document() -> str:
+    return resources.files("parley").joinpath("assets/speculative/document.md").read_text()
+
+
+def one_reply(engine, messages: list[dict], speculation: str, new_tokens: int, draft_tokens: int) -> dict:
+    from ..engine.events import Done, Stats
+    from ..engine.params import GenerationParams
+
+    engine.reset_cache()
+    if engine.draft is not None:
+        engine.draft.reset()
+    params = GenerationParams(temperature=0, max_new_tokens=new_tokens, speculation=speculation,
+                              draft_tokens=draft_tokens)
+    stats = done = None
+    for ev in engine.session().reply(messages, params):
+        if isinstance(ev, Stats):
+            stats = ev
+        elif isinstance(ev, Done):
+            done = ev
+    if done is None or done.reason == "error" or stats is None:
+        raise RuntimeError(f"reply failed: {done}")
+    return {"tok_s": round(stats.tokens_per_s, 2), "new_tokens": stats.new_tokens, "proposed": stats.proposed,
+            "accepted": stats.accepted, "acceptance": round(stats.acceptance_rate, 3),
+            "tokens_per_pass": round(stats.tokens_per_target_pass, 2), "ttft_s": round(stats.ttft_s, 2)}
+
+
+def scenario(engine, messages: list[dict], modes: list[str], args: argparse.Namespace) -> dict:
+    """Interleaved runs of each mode; the median run by tok/s is reported, with speedup over plain."""
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
+    for _ in range(args.repeats):
+        for m in modes:
+            runs[m].append(one_reply(engine, messages, m, args.new_tokens, args.draft_tokens))
+    out = {m: sorted(rs, key=lambda r: r["tok_s"])[len(rs) // 2] for m, rs in runs.items()}
+    for m in modes:
+        if m != "off" and out["off"]["tok_s"] > 0:
+            out[m]["vs_plain"] = round(out[m]["tok_s"] / out["off"]["tok_s"], 3)
+    return out
+
+
+@torch.inference_mode()
+def pass_cost(engine, context: list[int], repeats: int = 5) -> dict[str, float]:
+    """Milliseconds of one target forward over T tokens placed after `context` (min of runs)."""
+    engine.reset_cache()
+    engine.prefill(context)
+    best = {t: float("inf") for t in PASS_TOKENS}
+    for _ in range(repeats):
+        for t in PASS_TOKENS:
+            start = time.perf_counter()
+            engine.forward(context[-1:] * t)  # written after the context, never committed
+            best[t] = min(best[t], time.perf_counter() - start)
+    return {str(t): round(s * 1e3, 1) for t, s in best.items()}
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..engine.engine import Engine
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    draft = None if args.draft in (None, "", "none") else args.draft
+    engine = Engine.load(args.model, quant=args.quant, draft=draft, device=args.device)
+    doc = document()
+    summarise = [{"role": "user", "content": SUMMARY_PROMPT + doc}]
+    chat = [{"role": "user", "content": CHAT_PROMPT}]
+    with_draft = ["draft"] if engine.draft is not None else []
+    results: dict = {
+        "model": engine.model_name, "quantization": engine.quantization, "draft": draft,
+        "threads": torch.get_num_threads(), "new_tokens": args.new_tokens, "draft_tokens": args.draft_tokens,
+        "document_tokens": engine.count_tokens(doc),
+        "prompt_tokens": {"summarise": len(engine.tokenizer.encode_chat(summarise)),
+                          "free_chat": len(engine.tokenizer.encode_chat(chat))},
+    }
+    results["summarise"] = scenario(engine, summarise, ["off", "prompt-lookup", *with_draft], args)
+    results["free_chat"] = scenario(engine, chat, ["off", "prompt-lookup", *with_draft], args)
+    results["target_pass_ms_by_tokens"] = pass_cost(engine, engine.tokenizer.encode_chat(summarise))
+    results["peak_rss_mb"] = round(peak_rss_mb(), 1)
+    if torch.cuda.is_available():
+        results["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+
+    if args.json:
+        print(json.dumps(results))
+        return 0
+    print(f"model: {results['model']} ({results['quantization']})  threads: {results['threads']}  "
+          f"temperature 0, {args.new_tokens} new tokens, draft length <= {args.draft_tokens}, "
+          f"median of {args.repeats}")
+    names = {"off": "plain", "prompt-lookup": "prompt lookup", "draft": f"draft {draft}"}
+    for key, title in (("summarise", f"(a) summarise a {results['document_tokens']}-token pasted document"),
+                       ("free_chat", "(b) free chat")):
+        print(title)
+        for mode, r in results[key].items():
+            vs = f"  {r['vs_plain']:.2f}x plain" if "vs_plain" in r else ""
+            print(f"  {names[mode]:<16} {r['tok_s']:6.2f} tok/s{vs:<14}  accepted {r['accepted']}/{r['proposed']} "
+                  f"({r['acceptance']:.0%})  {r['tokens_per_pass']:.2f} tokens/pass  "
+                  f"{r['new_tokens']} tokens  ttft {r['ttft_s']:.1f}s")
+    cost = results["target_pass_ms_by_tokens"]
+    print("target pass at the document's depth: " + "  ".join(
+        f"T={t}: {ms:.0f} ms ({ms / cost['1']:.2f}x)" for t, ms in cost.items()))
+    print(f"peak RSS {results['peak_rss_mb']} MB" + (f", peak GPU {results['peak_gpu_mb']} MB"
+                                                      if "peak_gpu_mb" in results else ""))
+    return 0

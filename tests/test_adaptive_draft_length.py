@@ -1,0 +1,55 @@
+"""The draft length grows on full acceptance, shrinks on rejection, stays within 1..16 (and the live
+k_max), and a drafter that keeps missing is paused with a doubling back-off, then tried again."""
+
+from parley.engine.speculative import AdaptiveDraftLength
+
+
+def test_grows_to_the_bound_and_shrinks_past_what_was_accepted():
+    a = AdaptiveDraftLength(k_max=16)
+    seen = []
+    for _ in range(6):
+        seen.append(a.k)
+        a.update(a.k, a.k)
+    assert seen == [4, 8, 16, 16, 16, 16]
+    a.update(16, 3)
+    assert a.k == 4
+    a.update(4, 0)
+    assert a.k == 1
+    a.update(1, 0)
+    assert a.k == 1  # never below 1 while drafting
+
+
+def test_live_k_max_caps_it_and_16_is_the_ceiling():
+    a = AdaptiveDraftLength(k_max=64)
+    for _ in range(5):
+        a.update(a.k, a.k)
+    assert a.k == 16
+    a.k_max = 3  # the slider moved mid-reply
+    assert a.k == 3
+
+
+def test_missing_drafter_is_paused_with_doubling_backoff():
+    a = AdaptiveDraftLength(k_max=8, patience=3, max_pause=4)
+    pattern = []
+    for _ in range(30):
+        k = a.k
+        pattern.append(k)
+        a.update(k, 0)  # every guess rejected; a paused round proposes nothing
+    drafted = [i for i, k in enumerate(pattern) if k > 0]
+    paused_runs, run = [], 0
+    for k in pattern[drafted[0]:]:
+        if k == 0:
+            run += 1
+        elif run:
+            paused_runs.append(run)
+            run = 0
+    assert paused_runs[:4] == [1, 2, 4, 4]  # 1, 2, 4 rounds, then capped at max_pause
+    # One accepted token resets the back-off.
+    while a.k == 0:
+        a.update(0, 0)
+    a.update(a.k, 1)
+    for _ in range(3):
+        a.update(a.k, 0)
+    assert a.k == 0
+    a.update(0, 0)
+    assert a.k > 0
