@@ -29,8 +29,12 @@ class Engine:
     """
 
     def __init__(self, model: Transformer, tokenizer, *, name: str = "model", quantization: str = "none",
-                 context_window: int | None = None, draft: Drafter | None = None) -> None:
+                 context_window: int | None = None, draft: Drafter | None = None, compile: bool = False) -> None:
         self.model = model.eval()
+        # The decode/verify step (a few tokens) is where per-op Python overhead shows: compile it once,
+        # with dynamic shapes so any draft length and attention window reuse the same graph. Prefill
+        # stays eager: it is compute-bound and runs once per turn.
+        self.step = torch.compile(model, dynamic=True, fullgraph=True) if compile else model
         self.tokenizer = tokenizer
         self.model_name = name
         self.quantization = quantization
@@ -44,7 +48,7 @@ class Engine:
     @classmethod
     def load(cls, model_ref: str | None = None, *, quant: str = "awq", draft: str | None = None,
              progress: ProgressFn | None = None, device: str | None = None,
-             context_window: int | None = None, group_size: int = 128) -> Engine:
+             context_window: int | None = None, group_size: int = 128, compile: bool | None = None) -> Engine:
         """Resolve, (quantize on first use,) and load a model; `draft` is a second model ref."""
         from ..models.loading import load_model
         from ..models.resolve import resolve
@@ -79,7 +83,7 @@ class Engine:
                                      vocab_size=model.config.vocab_size)
         return cls(model, tokenizer, name=name, quantization=quantization,
                    context_window=context_window or int(os.environ.get("PARLEY_CONTEXT", 0)) or None,
-                   draft=drafter)
+                   draft=drafter, compile=compile if compile is not None else os.environ.get("PARLEY_COMPILE") == "1")
 
     def session(self, system_prompt: str | None = None) -> Session:
         return Session(self, system_prompt)
@@ -105,10 +109,11 @@ class Engine:
         end = start + len(tokens)
         if end > self.cache.max_len:
             raise ValueError(f"{end} positions exceed the context window of {self.cache.max_len}")
-        self.cache.window = min(self.cache.max_len, -(-end // WINDOW_BUCKET) * WINDOW_BUCKET)
+        window = min(self.cache.max_len, -(-end // WINDOW_BUCKET) * WINDOW_BUCKET)
         ids = torch.tensor([tokens], device=self.device)
         pos = torch.arange(start, end, device=self.device)[None]
-        return self.model(ids, pos, self.cache, last_only)[0]
+        model = self.model if last_only else self.step
+        return model(ids, pos, self.cache, last_only, window)[0]
 
     def commit(self, tokens: list[int]) -> None:
         """Claim the KV just computed for `tokens` (a prefix of the last forward's input)."""

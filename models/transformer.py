@@ -44,12 +44,12 @@ class KVCache(nn.Module):
             raise ValueError(f"cannot truncate a cache of {self.max_len} slots to {length}")
         self.length = length
 
-    def update(self, layer: int, pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def update(self, layer: int, pos: Tensor, k: Tensor, v: Tensor, window: int) -> tuple[Tensor, Tensor]:
         """Write k/v [B, H, T, D] at slots `pos` [T]; return this layer's first `window` slots."""
         k_cache, v_cache = getattr(self, f"k{layer}"), getattr(self, f"v{layer}")
         k_cache.index_copy_(2, pos, k)
         v_cache.index_copy_(2, pos, v)
-        return k_cache[:, :, : self.window], v_cache[:, :, : self.window]
+        return k_cache[:, :, :window], v_cache[:, :, :window]
 
     @property
     def k(self) -> Tensor:
@@ -118,6 +118,7 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, pos: Tensor, cache: KVCache) -> Tensor:
         B, T, _ = x.shape
+        window = mask.shape[-1]
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
@@ -125,7 +126,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k, v = cache.update(self.layer, pos, k, v)
+        k, v = cache.update(self.layer, pos, k, v, window)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv_heads)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
@@ -171,20 +172,22 @@ class Transformer(nn.Module):
         w = self.norm.weight
         return KVCache(self.config, max_len or self.config.max_seq_len, batch, w.dtype, w.device)
 
-    def forward(self, tokens: Tensor, positions: Tensor, cache: KVCache, last_only: bool = False) -> Tensor:
+    def forward(self, tokens: Tensor, positions: Tensor, cache: KVCache, last_only: bool = False,
+                window: int | None = None) -> Tensor:
         """tokens, positions: [B, T] (positions equal across the batch) -> logits [B, T, V] in fp32.
 
         `last_only` computes the head for the last position only: prefill needs no more, and the
         head is a large share of the work (vocab x dim per token).
 
-        The caller keeps `cache.window` >= 1 + the largest position; a smaller window (rounded up to a
-        bucket) makes attention read fewer slots without a host sync inside the step.
+        Attention reads the first `window` cache slots (default `cache.window`); the caller keeps it
+        >= 1 + the largest position. A small window, rounded up to a bucket, reads fewer slots without a
+        host sync inside the step; passed as an argument it stays symbolic under torch.compile.
         """
         x = self.embed_tokens(tokens)
         angles = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
         angles = torch.cat((angles, angles), dim=-1)[:, None]  # [B, 1, T, D]
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        slots = torch.arange(cache.window, device=tokens.device)
+        slots = torch.arange(cache.window if window is None else window, device=tokens.device)
         mask = (slots[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, window]
         pos = positions[0]
         for layer in self.layers:
