@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 
+STATS_EVERY_S = 0.5  # how often a reply in flight reports its figures
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):
@@ -69,7 +72,24 @@ class Session:
         adapt = AdaptiveDraftLength(params.draft_tokens)
         new_tokens = proposed = accepted = passes = 0
         t_first: float | None = None
+        t_stats = t0
         reason, detail = "length", ""
+
+        def stats() -> Stats:
+            now = time.perf_counter()
+            decode_s = now - t_first if t_first is not None else 0.0
+            return Stats(
+                new_tokens=new_tokens,
+                tokens_per_s=(new_tokens - 1) / decode_s if new_tokens > 1 and decode_s > 0 else 0.0,
+                accepted=accepted,
+                proposed=proposed,
+                tokens_per_target_pass=new_tokens / passes if passes else 0.0,
+                ttft_s=(t_first or now) - t0,
+                prompt_tokens=len(ids) - reused,
+                reused_tokens=reused,
+                context_tokens=len(eng.cached_ids) + (pending is not None),
+                context_window=window,
+            )
 
         while True:
             if cancel.is_set():
@@ -111,6 +131,9 @@ class Session:
                 text = "".join(stream.push(t) for t in shown)
                 if text:
                     yield TextDelta(text)
+                if time.perf_counter() - t_stats > STATS_EVERY_S:  # live figures for the status bar
+                    t_stats = time.perf_counter()
+                    yield stats()
             if stop_at is not None and stop_at < budget:
                 # This pass computed the KV of the last shown token; the stop token is never cached.
                 eng.commit([pending])
@@ -121,18 +144,5 @@ class Session:
         if tail:
             yield TextDelta(tail)
 
-        t_end = time.perf_counter()
-        decode_s = t_end - t_first if t_first is not None else 0.0
-        yield Stats(
-            new_tokens=new_tokens,
-            tokens_per_s=(new_tokens - 1) / decode_s if new_tokens > 1 and decode_s > 0 else 0.0,
-            accepted=accepted,
-            proposed=proposed,
-            tokens_per_target_pass=new_tokens / passes if passes else 0.0,
-            ttft_s=(t_first or t_end) - t0,
-            prompt_tokens=len(ids) - reused,
-            reused_tokens=reused,
-            context_tokens=len(eng.cached_ids) + (pending is not None),
-            context_window=window,
-        )
+        yield stats()  # the final figures: the last Stats of a reply
         yield Done(reason, detail)  # type: ignore[arg-type]

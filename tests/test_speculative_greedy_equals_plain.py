@@ -20,7 +20,7 @@ def reply(eng, prompt: str, speculation: str) -> tuple[str, Stats, Done]:
     params = GenerationParams(temperature=0, max_new_tokens=60, speculation=speculation, draft_tokens=8)
     events = list(eng.session().reply([{"role": "user", "content": prompt}], params))
     text = "".join(e.text for e in events if isinstance(e, TextDelta))
-    return text, next(e for e in events if isinstance(e, Stats)), events[-1]
+    return text, [e for e in events if isinstance(e, Stats)][-1], events[-1]
 
 
 @pytest.mark.parametrize("drafter", ["prompt-lookup", "draft-model", "self-draft"])

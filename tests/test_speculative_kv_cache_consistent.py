@@ -33,7 +33,7 @@ def test_caches_equal_fresh_prefill_after_mixed_rounds(mode):
     for temperature in (1.0, 0.0):  # a sampled turn, then a greedy turn reusing its prefix
         params = GenerationParams(temperature=temperature, top_p=0.9, max_new_tokens=40, seed=1,
                                   speculation=mode, draft_tokens=6)
-        stats = next(e for e in eng.session().reply(convo, params) if isinstance(e, Stats))
+        stats = [e for e in eng.session().reply(convo, params) if isinstance(e, Stats)][-1]
         proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
         rejected_rounds += stats.proposed > stats.accepted
         assert_cache_equals_fresh_prefill(eng.model, eng.cache, eng.cached_ids)
