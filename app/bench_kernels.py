@@ -39,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-size", type=int, default=128,
                         help="INT4 group size (a shape whose K it does not divide uses 64, then 32)")
     parser.add_argument("--rounds", type=int, default=9, help="timing rounds; the median is reported")
+    parser.add_argument("--stat", choices=["median", "min"], default="median",
+                        help="per-call time over rounds: median, or min (the uncontended speed on a busy machine)")
+    parser.add_argument("--sample-ms", type=float, default=10.0,
+                        help="length of one timing sample; short samples dodge a busy machine's stalls")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--candidates", action="store_true",
                         help="also time the CPU alternatives the fast path was chosen over")
     parser.add_argument("--skip-7b", action="store_true", help="only the embedded model's shapes")
@@ -46,8 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     report: dict = {"torch": torch.__version__, "threads": torch.get_num_threads(),
-                    "group_size": args.group_size}
+                    "group_size": args.group_size, "stat": args.stat}
     want_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device")
@@ -80,8 +87,9 @@ def random_awq(k: int, n: int, group_size: int, device: str = "cpu", dtype: torc
     return qweight, qzeros, scales
 
 
-def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int, min_s: float = 0.01) -> dict[str, float]:
-    """Median seconds per call of each fn; every round times all of them back to back.
+def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int, stat: str = "median",
+                     min_s: float = 0.01) -> dict[str, float]:
+    """Seconds per call of each fn, median (or min) over rounds; every round times all of them in turn.
 
     Repetitions per sample come from the fastest of a few single calls, so that one call that happened
     to be descheduled (common on a shared 2-core machine) does not shrink every later sample to one call.
@@ -102,7 +110,8 @@ def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int, min_s: f
             for _ in range(reps[name]):
                 fn()
             samples[name].append((time.perf_counter() - start) / reps[name])
-    return {name: statistics.median(s) for name, s in samples.items()}
+    pick = min if stat == "min" else statistics.median
+    return {name: pick(s) for name, s in samples.items()}
 
 
 def bench_cpu(args: argparse.Namespace) -> list[dict]:
@@ -121,7 +130,7 @@ def bench_cpu(args: argparse.Namespace) -> list[dict]:
             extra = {"bf16_dense": w.bfloat16(), "int8_rows": kernels.CpuInt8Linear(w)}
         for m in ms:
             fns = cpu_variants(torch.randn(m, k), w, fast, extra, awq if model == "embedded" else None, g)
-            times = time_interleaved(fns, args.rounds)
+            times = time_interleaved(fns, args.rounds, args.stat, args.sample_ms / 1e3)
             row = {"model": model, "K": k, "N": n, "M": m, "group_size": g}
             row.update({f"{name}_us": round(t * 1e6, 1) for name, t in times.items()})
             row.update({f"{name}_speedup": round(times["fp32_dense"] / t, 2)
@@ -155,7 +164,8 @@ def bench_cpu_head(args: argparse.Namespace) -> list[dict]:
     rows = []
     for m in (1, 9):
         x = torch.randn(m, k)
-        times = time_interleaved(head_variants(x, w, heads), args.rounds)
+        times = time_interleaved(head_variants(x, w, heads), args.rounds, args.stat,
+                                 args.sample_ms / 1e3)
         exact = F.linear(x, w)
         row = {"K": k, "N": n, "M": m}
         row.update({f"{name}_us": round(t * 1e6, 1) for name, t in times.items()})
@@ -216,9 +226,10 @@ def cuda_times(x: torch.Tensor, fast: kernels.Matmul, w: torch.Tensor, int4_byte
 
 
 def print_report(report: dict) -> None:
-    print(f"torch {report['torch']}, {report['threads']} threads, INT4 group {report['group_size']}")
+    print(f"torch {report['torch']}, {report['threads']} threads, INT4 group {report['group_size']},"
+          f" CPU times are the {report['stat']} over rounds")
     if "cpu" in report:
-        print("\nCPU: INT4 path (torch int4 op, bf16 compute) against fp32 dense, same rounds, medians")
+        print("\nCPU: INT4 path (torch int4 op, bf16 compute) against fp32 dense, timed in the same rounds")
         print(f"{'model':9} {'K':>6} {'N':>6} {'M':>4}  {'fp32 us':>9} {'int4 us':>9} {'x':>6}"
               f" {'int4 bf16-in us':>16} {'x':>6}")
         for r in report["cpu"]:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import reference
-from .cpu_int4 import CpuInt4Linear, CpuInt8Linear, quantize_rtn_int4
+from .cpu_int4 import INT4_GROUP_SIZES, CpuInt4Linear, CpuInt8Linear, quantize_rtn_int4
 from .reference import dequantize
 
 __all__ = ["Matmul", "backend", "dequantize", "int4_linear", "prepare", "prepare_head"]
@@ -30,13 +30,14 @@ class Matmul(Protocol):
 
 
 def backend(device: torch.device | str) -> str:
-    """'reference', 'triton' or 'cpu': the path taken for weights on `device`."""
+    """'reference', 'triton' or 'cpu': the path taken for weights on `device` (others: the reference)."""
     forced = os.environ.get("PARLEY_KERNELS", "auto").strip().lower()
     if forced == "reference":
         return "reference"
     if forced not in ("", "auto"):
         raise ValueError(f"PARLEY_KERNELS must be 'auto' or 'reference', not {forced!r}")
-    return "triton" if torch.device(device).type == "cuda" else "cpu"
+    kind = torch.device(device).type
+    return {"cuda": "triton", "cpu": "cpu"}.get(kind, "reference")
 
 
 class ReferenceInt4Linear:
@@ -69,9 +70,12 @@ class TritonInt4Linear:
 
 
 def prepare(qweight: Tensor, qzeros: Tensor, scales: Tensor, group_size: int) -> Matmul:
-    """The AWQ weight repacked for its device's fast path; `.matmul(x)` maps x [..., K] -> [..., N]."""
+    """The AWQ weight repacked for its device's fast path; `.matmul(x)` maps x [..., K] -> [..., N].
+
+    A group size torch's CPU op lacks falls back to the reference rather than failing to load.
+    """
     kind = backend(qweight.device)
-    if kind == "reference":
+    if kind == "reference" or (kind == "cpu" and group_size not in INT4_GROUP_SIZES):
         return ReferenceInt4Linear(qweight, qzeros, scales, group_size)
     if kind == "triton":
         return TritonInt4Linear(qweight, qzeros, scales, group_size)

@@ -42,6 +42,12 @@ def test_cuda_weights_take_the_triton_path(monkeypatch: pytest.MonkeyPatch) -> N
         assert isinstance(kernels.prepare(*weight), kernels.TritonInt4Linear)
 
 
+def test_cpu_group_size_without_a_fast_path_falls_back_to_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PARLEY_KERNELS", raising=False)
+    weight = awq_weight(group_size=16)
+    assert isinstance(kernels.prepare(*weight), kernels.ReferenceInt4Linear)
+
+
 def test_unknown_setting_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PARLEY_KERNELS", "fast")
     with pytest.raises(ValueError, match="PARLEY_KERNELS"):

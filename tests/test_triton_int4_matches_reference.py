@@ -101,6 +101,7 @@ def all_errors(device: str) -> dict[str, float]:
     errors = {case_id(case): case_error(case, device) for case in CASES}
     errors[PREPARE_CASE] = prepare_error(device)
     errors[SCRATCH_CASE] = scratch_left(device)
+    errors.update(interpreted_config_errors())
     return errors
 
 
@@ -141,6 +142,65 @@ def test_split_k_leaves_its_workspace_zeroed(device: str, request: pytest.Fixtur
         for case in CASES:
             case_error(case, "cuda")
     assert measured_error(request, device, SCRATCH_CASE, lambda: scratch_left("cuda")) == 0
+
+
+def config_errors(device: str, rows: int, configs: list | None = None) -> dict[str, float]:
+    """The error of each given autotune config (default: all of them), launched directly, untuned.
+
+    K = 576 with group 64 is not a multiple of the larger BLOCK_Ks (masking, per-row groups) and
+    N = 584 not a multiple of any BLOCK_N; SPLIT_K = 32 leaves some splits with no K at all.
+    """
+    import triton
+
+    from parley.kernels import reference, triton_int4
+
+    K, N, group_size = 576, 584, 64
+    qweight, qzeros, scales = awq_weight(K, N, group_size, torch.float16, device, seed=rows)
+    x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows)).half().to(device)
+    ref = reference.int4_linear(x.float(), qweight, qzeros, scales.float(), group_size)
+    workspace, tickets = triton_int4.gemv_workspace(x.device, N)
+    gemv = rows <= triton_int4.GEMV_MAX_ROWS
+    errors = {}
+    for config in configs or (triton_int4.GEMV_CONFIGS if gemv else triton_int4.GEMM_CONFIGS):
+        meta = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+        out = torch.empty(rows, N, device=device, dtype=torch.float16)
+        if gemv:
+            grid = (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])
+            triton_int4._int4_gemv_kernel.fn[grid](
+                x, qweight, qzeros, scales, out, workspace, tickets, rows, N, K, x.stride(0),
+                GROUP_SIZE=group_size, BLOCK_M=1 if rows == 1 else 16, UPCAST=False, **meta)
+        else:
+            grid = (triton.cdiv(rows, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+            triton_int4._int4_gemm_kernel.fn[grid](
+                x, qweight, qzeros, scales, out, rows, N, K, x.stride(0), rows,
+                GROUP_SIZE=group_size, UPCAST=False, **meta)
+        errors[str(config)] = relative_error(out, ref)
+    errors["scratch"] = max(workspace.abs().max().item(), tickets.abs().max().item())
+    return errors
+
+
+def interpreted_config_errors() -> dict[str, float]:
+    """On CPU only the GEMV configs whose split-K differs from the grid's: no split and 32 splits."""
+    from parley.kernels import triton_int4
+
+    configs = [c for c in triton_int4.GEMV_CONFIGS if c.kwargs["SPLIT_K"] in (1, 32)]
+    return {f"rows{rows}:{name}": error for rows in (1, 9)
+            for name, error in config_errors("cpu", rows, configs).items()}
+
+
+def test_split_k_extremes_match_reference_interpreted(interpreted_errors: dict[str, float]) -> None:
+    configs = {k: v for k, v in interpreted_errors.items() if k.startswith("rows")}
+    assert configs, "the child checked no configs"
+    for name, error in configs.items():
+        assert error <= (0 if name.endswith("scratch") else TOLERANCE["float16"]), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiles every autotune config: CUDA only")
+@pytest.mark.parametrize("rows", [1, 9, 33])
+def test_every_autotune_config_matches_reference(rows: int) -> None:
+    """Autotuning may pick any config for some shape, so each one is checked, not just the winner."""
+    for name, error in config_errors("cuda", rows).items():
+        assert error <= (0 if name == "scratch" else TOLERANCE["float16"]), f"{name}: {error:.2e}"
 
 
 if __name__ == "__main__":
