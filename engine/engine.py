@@ -72,15 +72,9 @@ class Engine:
         name = files.repo_id or Path(files.path).name
         drafter: Drafter | None = None
         if draft:
-            from .speculative import DraftModel
+            from .speculative import load_draft
 
-            if draft == "self" or draft.startswith("self:"):  # layer-skip: the target's first layers
-                n = int(draft.partition(":")[2] or max(1, model.config.n_layers // 4))
-                drafter = DraftModel.self_draft(model, n, tokenizer)
-            else:
-                dfiles = resolve(draft, progress=progress)
-                drafter = DraftModel(load_model(dfiles, dtype=dtype, device=dev), load_tokenizer(dfiles), tokenizer,
-                                     vocab_size=model.config.vocab_size)
+            drafter = load_draft(draft, model, files, tokenizer, progress=progress, group_size=group_size)
         return cls(model, tokenizer, name=name, quantization=quantization,
                    context_window=context_window or int(os.environ.get("PARLEY_CONTEXT", 0)) or None,
                    draft=drafter, compile=compile if compile is not None else os.environ.get("PARLEY_COMPILE") == "1")

@@ -222,6 +222,36 @@ class DraftModel:
             self.cache.truncate(0)
 
 
+def load_draft(spec: str, target: Transformer, target_files, tokenizer, *, progress=None,
+               group_size: int = 128) -> DraftModel:
+    """The draft model a `--draft` value names, for `target` loaded from `target_files`.
+
+    'self' or 'self:N': the target's first N layers (default a quarter) and its head, sharing weights.
+    'awq': the target's own INT4 (AWQ) weights, quantized into the Parley cache on first use.
+    Anything else: a model reference (hub id, directory, .gguf) whose tokenizer must be the target's.
+    """
+    from ..models.loading import load_model
+    from ..models.resolve import resolve
+    from ..models.tokenizer import load_tokenizer
+
+    weight = target.norm.weight
+    if spec == "self" or spec.startswith("self:"):
+        n = spec.partition(":")[2]
+        if n and not n.isdigit():
+            raise ValueError(f"--draft {spec!r}: expected self:N with N a number of layers")
+        return DraftModel.self_draft(target, int(n) if n else max(1, target.config.n_layers // 4), tokenizer)
+    if spec == "awq":
+        from ..models.quantize.cache import ensure_quantized
+
+        files = ensure_quantized(target_files, group_size=group_size, progress=progress)
+        draft_tokenizer = tokenizer
+    else:
+        files = resolve(spec, progress=progress)
+        draft_tokenizer = load_tokenizer(files)
+    model = load_model(files, dtype=weight.dtype, device=weight.device)
+    return DraftModel(model, draft_tokenizer, tokenizer, vocab_size=target.config.vocab_size)
+
+
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
