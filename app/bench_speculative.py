@@ -26,8 +26,9 @@ PASS_TOKENS = (1, 2, 3, 5, 9, 17)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model ref (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--quant", choices=("none", "awq"), default="none", help="target weights: none (fp32) or awq")
-    p.add_argument("--draft", default="self:15",
-                   help="draft model ref for (c): 'self:N' (the target's first N layers), a model ref, or 'none'")
+    p.add_argument("--draft", default="self:15,awq",
+                   help="comma-separated drafts for (c): 'self:N' (the target's first N layers), 'awq' (the "
+                        "target's INT4 weights, quantized on first use), a model ref; 'none' to skip")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--draft-tokens", type=int, default=16, help="upper bound of the adaptive draft length (1..16)")
     p.add_argument("--repeats", type=int, default=1, help="interleaved runs per configuration (median)")
@@ -66,16 +67,21 @@ def one_reply(engine, messages: list[dict], speculation: str, new_tokens: int, d
             "tokens_per_pass": round(stats.tokens_per_target_pass, 2), "ttft_s": round(stats.ttft_s, 2)}
 
 
-def scenario(engine, messages: list[dict], modes: list[str], args: argparse.Namespace) -> dict:
-    """Interleaved runs of each mode; the median run by tok/s is reported, with speedup over plain."""
-    runs: dict[str, list[dict]] = {m: [] for m in modes}
+def scenario(engine, messages: list[dict], drafts: dict, args: argparse.Namespace) -> dict:
+    """Interleaved runs: plain, prompt lookup, then each draft model; the median run (by tok/s) of each
+    is reported, with its ratio to plain."""
+    configs = {"plain": ("off", None), "prompt_lookup": ("prompt-lookup", None),
+               **{f"draft {spec}": ("draft", d) for spec, d in drafts.items()}}
+    runs: dict[str, list[dict]] = {name: [] for name in configs}
     for _ in range(args.repeats):
-        for m in modes:
-            runs[m].append(one_reply(engine, messages, m, args.new_tokens, args.draft_tokens))
-    out = {m: sorted(rs, key=lambda r: r["tok_s"])[len(rs) // 2] for m, rs in runs.items()}
-    for m in modes:
-        if m != "off" and out["off"]["tok_s"] > 0:
-            out[m]["vs_plain"] = round(out[m]["tok_s"] / out["off"]["tok_s"], 3)
+        for name, (mode, draft) in configs.items():
+            engine.draft = draft
+            runs[name].append(one_reply(engine, messages, mode, args.new_tokens, args.draft_tokens))
+    engine.draft = None
+    out = {name: sorted(rs, key=lambda r: r["tok_s"])[len(rs) // 2] for name, rs in runs.items()}
+    for name, r in out.items():
+        if name != "plain" and out["plain"]["tok_s"] > 0:
+            r["vs_plain"] = round(r["tok_s"] / out["plain"]["tok_s"], 3)
     return out
 
 
@@ -95,24 +101,27 @@ def pass_cost(engine, context: list[int], repeats: int = 5) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> int:
     from ..engine.engine import Engine
+    from ..engine.speculative import load_draft
+    from ..models.resolve import resolve
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    draft = None if args.draft in (None, "", "none") else args.draft
-    engine = Engine.load(args.model, quant=args.quant, draft=draft, device=args.device)
+    engine = Engine.load(args.model, quant=args.quant, device=args.device)
+    drafts = {}
+    for spec in [d.strip() for d in (args.draft or "").split(",") if d.strip() and d.strip() != "none"]:
+        drafts[spec] = load_draft(spec, engine.model, resolve(args.model), engine.tokenizer)
     doc = document()
     summarise = [{"role": "user", "content": SUMMARY_PROMPT + doc}]
     chat = [{"role": "user", "content": CHAT_PROMPT}]
-    with_draft = ["draft"] if engine.draft is not None else []
     results: dict = {
-        "model": engine.model_name, "quantization": engine.quantization, "draft": draft,
+        "model": engine.model_name, "quantization": engine.quantization, "drafts": list(drafts),
         "threads": torch.get_num_threads(), "new_tokens": args.new_tokens, "draft_tokens": args.draft_tokens,
         "document_tokens": engine.count_tokens(doc),
         "prompt_tokens": {"summarise": len(engine.tokenizer.encode_chat(summarise)),
                           "free_chat": len(engine.tokenizer.encode_chat(chat))},
     }
-    results["summarise"] = scenario(engine, summarise, ["off", "prompt-lookup", *with_draft], args)
-    results["free_chat"] = scenario(engine, chat, ["off", "prompt-lookup", *with_draft], args)
+    for key, messages in (("summarise", summarise), ("free_chat", chat)):
+        results[key] = scenario(engine, messages, drafts, args)
     results["target_pass_ms_by_tokens"] = pass_cost(engine, engine.tokenizer.encode_chat(summarise))
     results["peak_rss_mb"] = round(peak_rss_mb(), 1)
     if torch.cuda.is_available():
@@ -124,13 +133,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"model: {results['model']} ({results['quantization']})  threads: {results['threads']}  "
           f"temperature 0, {args.new_tokens} new tokens, draft length <= {args.draft_tokens}, "
           f"median of {args.repeats}")
-    names = {"off": "plain", "prompt-lookup": "prompt lookup", "draft": f"draft {draft}"}
     for key, title in (("summarise", f"(a) summarise a {results['document_tokens']}-token pasted document"),
                        ("free_chat", "(b) free chat")):
         print(title)
         for mode, r in results[key].items():
             vs = f"  {r['vs_plain']:.2f}x plain" if "vs_plain" in r else ""
-            print(f"  {names[mode]:<16} {r['tok_s']:6.2f} tok/s{vs:<14}  accepted {r['accepted']}/{r['proposed']} "
+            print(f"  {mode:<16} {r['tok_s']:6.2f} tok/s{vs:<14}  accepted {r['accepted']}/{r['proposed']} "
                   f"({r['acceptance']:.0%})  {r['tokens_per_pass']:.2f} tokens/pass  "
                   f"{r['new_tokens']} tokens  ttft {r['ttft_s']:.1f}s")
     cost = results["target_pass_ms_by_tokens"]

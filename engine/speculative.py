@@ -272,7 +272,8 @@ class AdaptiveDraftLength:
     k doubles after a fully accepted round (a long span copied from a pasted document reaches 16 in
     a few rounds) and drops to just past what was accepted after a rejection. A drafter that keeps
     missing entirely is paused: after `patience` rounds in a row with nothing accepted, drafting stops
-    for 1, 2, 4, ... up to `max_pause` rounds, then is tried again, so a useless drafter costs little
+    for 1 round, then after each further fruitless try for 2, 4, ... up to `max_pause` rounds (any
+    accepted token resets this), so a useless drafter costs little
     more than plain decoding (each failed guess makes the target verify a longer, dearer pass). The
     decision uses only past rounds, so it never biases what is emitted.
     """
@@ -295,7 +296,8 @@ class AdaptiveDraftLength:
             return
         if accepted == 0:
             self._misses += 1
-            if self._misses >= self.patience:
+            # a drafter already paused once gets one try per resumption, not `patience`
+            if self._misses >= (self.patience if self._next_pause == 1 else 1):
                 self._pause, self._misses = self._next_pause, 0
                 self._next_pause = min(2 * self._next_pause, self.max_pause)
         else:

@@ -44,6 +44,8 @@ def test_missing_drafter_is_paused_with_doubling_backoff():
             paused_runs.append(run)
             run = 0
     assert paused_runs[:4] == [1, 2, 4, 4]  # 1, 2, 4 rounds, then capped at max_pause
+    tries = [len(run) for run in "".join("d" if k else " " for k in pattern).split()]
+    assert tries[:4] == [3, 1, 1, 1]  # `patience` misses before the first pause, one try after each
     # One accepted token resets the back-off.
     while a.k == 0:
         a.update(0, 0)

@@ -1,0 +1,28 @@
+"""`parley bench speculative --json` prints one JSON object with every scenario's figures (run here on
+the tiny model, so it checks the plumbing, not the speed)."""
+
+import argparse
+import json
+
+from single_thread import single_thread  # noqa: F401
+from tiny import tiny_engine
+
+from parley.app import bench_speculative
+from parley.engine.engine import Engine
+
+
+def test_json_has_every_scenario(monkeypatch, capsys):
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *a, **kw: tiny_engine(seed=3)))
+    monkeypatch.setattr(bench_speculative, "document", lambda: "alpha beta gamma. " * 8)
+    p = argparse.ArgumentParser()
+    bench_speculative.add_arguments(p)
+    args = p.parse_args(["--json", "--draft", "self:1", "--new-tokens", "12", "--draft-tokens", "4"])
+    assert bench_speculative.run(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("summarise", "free_chat"):
+        assert set(out[key]) == {"plain", "prompt_lookup", "draft self:1"}
+        for r in out[key].values():
+            assert {"tok_s", "acceptance", "tokens_per_pass", "new_tokens"} <= set(r)
+        assert "vs_plain" in out[key]["prompt_lookup"]
+    assert set(out["target_pass_ms_by_tokens"]) == {"1", "2", "3", "5", "9", "17"}
+    assert out["peak_rss_mb"] > 0 and out["drafts"] == ["self:1"]
