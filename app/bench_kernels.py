@@ -5,6 +5,10 @@ Random weights of real shapes: the embedded SmolLM2-135M layers (and its 49,152-
 median over rounds, so a neighbour's load hits all variants alike and the ratios hold even when the
 absolute times drift. On CUDA: Triton INT4 against fp16 `torch.matmul`, with achieved bandwidth against
 the device's peak, timed inside CUDA graphs so launch overhead does not hide the kernel.
+
+On a busy shared machine, `--threads 1 --stat min --sample-ms 2` gives ratios that repeat within a few
+percent; with 2 threads any op split across both threads now and then waits a scheduler tick (4-12 ms)
+for its second thread, and the figures swing by 10x between runs.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """The CPU fast paths: torch's weight-only int4 and int8 matmul ops, fed bf16 activations.
 
-Why these ops (measured with `parley bench kernels`, see the kernels note): at M = 1..9 on the
-embedded model's shapes `_weight_int4pack_mm_for_cpu` runs ~1.8-3x faster than the fp32 dense product and
-~1.5x at prefill, but only with bf16 activations; with fp32 or fp16 activations the same op is ~10-50x
-slower. So activations are cast to bf16 on the way in and back to the caller's dtype on the way out.
+Why these ops (`parley bench kernels --candidates`, 2-core EPYC): on the embedded model's layer shapes
+`_weight_int4pack_mm_for_cpu` runs ~1.5-3x faster than the fp32 dense product at M = 1..9 once a layer
+has more than a few hundred thousand weights, and ~1.5x at prefill, but only with bf16 activations: with
+fp32 or fp16 activations the same op is ~10-50x slower. So activations are cast to bf16 on the way in and
+back to the caller's dtype on the way out (an engine running bf16 activations skips both casts). A dense
+bf16 copy is faster at prefill but holds 4x the bytes; an int8 copy of an INT4 weight is no faster.
 
 The op's weight format differs from AWQ's: it stores q in [N, K] order (repacked by
 `_convert_weight_to_int4pack_for_cpu`), needs N to be a multiple of 16, and dequantizes as
