@@ -24,5 +24,16 @@ def test_json_has_every_scenario(monkeypatch, capsys):
         for r in out[key].values():
             assert {"tok_s", "acceptance", "tokens_per_pass", "new_tokens"} <= set(r)
         assert "vs_plain" in out[key]["prompt_lookup"]
-    assert set(out["target_pass_ms_by_tokens"]) == {"1", "2", "3", "5", "9", "17"}
+    for figures in out["target_cost_by_tokens"].values():
+        assert set(figures) == {"1", "2", "3", "5", "9", "17"}
     assert out["peak_rss_mb"] > 0 and out["drafts"] == ["self:1"]
+
+
+def test_human_readable_output(monkeypatch, capsys):
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *a, **kw: tiny_engine(seed=3)))
+    monkeypatch.setattr(bench_speculative, "document", lambda: "alpha beta gamma. " * 8)
+    p = argparse.ArgumentParser()
+    bench_speculative.add_arguments(p)
+    assert bench_speculative.run(p.parse_args(["--draft", "none", "--new-tokens", "8"])) == 0
+    text = capsys.readouterr().out
+    assert "(a) summarise" in text and "(b) free chat" in text and "prompt_lookup" in text and "peak RSS" in text
