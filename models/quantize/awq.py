@@ -62,6 +62,9 @@ class AWQSettings:
     # run on, evenly picked; None: all. Activation statistics and the exact single-linear and clipping
     # searches always use every token.
     search_samples: int | None = None
+    # Feed each layer the outputs of the already-quantized layers before it (so its search sees the
+    # activations the INT4 model will produce) instead of the fp outputs AutoAWQ uses.
+    quantized_inputs: bool = False
 
 
 @dataclass
@@ -347,7 +350,11 @@ def awq_quantize(model: nn.Module, tokens: Tensor, settings: AWQSettings | None 
     for i, block in enumerate(model.layers):
         t0 = time.monotonic()
         block.to(device)
+        x_in = x
         x, alphas = awq_layer(block, x, run, settings, group_size, quantize)
+        if settings.quantized_inputs and quantize:
+            x = run.block(block, x_in)
+        del x_in
         block.to(home)
         report.layers.append(LayerReport(i, alphas, time.monotonic() - t0))
         if progress:
