@@ -52,6 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--candidates", action="store_true",
                         help="also time the CPU alternatives the fast path was chosen over")
     parser.add_argument("--skip-7b", action="store_true", help="only the embedded model's shapes")
+    parser.add_argument("--head-accuracy", action="store_true",
+                        help="also score prepare_head on the default model's real hidden states")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     if args.device in ("auto", "cpu"):
         report["cpu"] = bench_cpu(args)
         report["cpu_head"] = bench_cpu_head(args)
+    if args.head_accuracy:
+        report["head_accuracy"] = head_accuracy()
     if want_cuda:
         report["cuda_device"] = torch.cuda.get_device_name()
         report["cuda_peak_gbps"] = peak_gbps()
@@ -189,6 +193,55 @@ def head_variants(x: torch.Tensor, w: torch.Tensor, heads: dict) -> dict[str, Ca
     return fns
 
 
+ACCURACY_TEXT = (
+    "The lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a can of oil and a "
+    "cloth for the lens. In winter the storms came in from the west, and ships that had lost their way "
+    "looked for the beam sweeping across the water. He kept a logbook of every vessel he saw: its name "
+    "when he could read it, the direction it sailed, the weather, and the hour. Years later, historians "
+    "used those pages to reconstruct the trade routes of the coast, the arrival of steam engines, and the "
+    "slow decline of the fishing fleet. The keeper himself never thought his notes would matter; he wrote "
+    "them because the rules said so, and because the nights were long. When the light was automated, the "
+    "logbooks were packed into boxes and sent to the county archive, where they stayed untouched for "
+    "decades until a student, searching for something else entirely, opened the first box and began to read.")
+
+
+def head_accuracy() -> dict:
+    """prepare_head against the exact fp32 head on the default model's final hidden states.
+
+    Real activations matter here: the error of a weight-only head depends on how close the top logits
+    of real text are, which random weights do not reproduce.
+    """
+    from parley.models.loading import load_model
+    from parley.models.resolve import resolve
+    from parley.models.tokenizer import load_tokenizer
+
+    files = resolve(None)
+    model, tokenizer = load_model(files), load_tokenizer(files)
+    ids = torch.tensor([tokenizer.encode(ACCURACY_TEXT)])
+    hidden: list[torch.Tensor] = []
+    hook = model.lm_head.register_forward_hook(lambda _m, inputs, _out: hidden.append(inputs[0][0]))
+    cache = model.new_cache(ids.shape[1])
+    with torch.no_grad():
+        model(ids, torch.arange(ids.shape[1])[None], cache)
+    hook.remove()
+    x, weight = hidden[0], model.lm_head.weight.detach()
+    exact = F.linear(x, weight)
+    targets = ids[0, 1:]
+    result: dict = {"model": str(files.path.name), "tokens": ids.shape[1],
+                    "fp32_nll": round(F.cross_entropy(exact[:-1], targets).item(), 4)}
+    for bits in (8, 4, 16):
+        y = kernels.prepare_head(weight, bits).matmul(x)
+        log_p, log_q = exact.log_softmax(-1), y.log_softmax(-1)
+        result[f"head{bits}"] = {
+            "max_logit_error": round((y - exact).abs().max().item(), 4),
+            "mean_logit_error": round((y - exact).abs().mean().item(), 4),
+            "argmax_agreement": round((y.argmax(-1) == exact.argmax(-1)).float().mean().item(), 4),
+            "kl": float(f"{(log_p.exp() * (log_p - log_q)).sum(-1).mean().item():.3g}"),
+            "nll": round(F.cross_entropy(y[:-1], targets).item(), 4),
+        }
+    return result
+
+
 def peak_gbps() -> float | None:
     name = torch.cuda.get_device_name()
     return next((float(v) for key, v in PEAK_GBPS.items() if key in name), None)
@@ -265,6 +318,13 @@ def print_report(report: dict) -> None:
                 f"{b}-bit {r[f'head{b}_us']:.0f} us ({r[f'head{b}_speedup']:.2f}x, max logit error "
                 f"{r[f'head{b}_max_logit_error']}, argmax {'same' if r[f'head{b}_argmax_agrees'] else 'DIFFERS'})"
                 for b in (8, 4, 16)))
+    if "head_accuracy" in report:
+        acc = report["head_accuracy"]
+        print(f"\nHead on real hidden states ({acc['model']}, {acc['tokens']} tokens; fp32 NLL {acc['fp32_nll']}):")
+        for bits in (8, 4, 16):
+            a = acc[f"head{bits}"]
+            print(f"  {bits:2}-bit: argmax agrees {100 * a['argmax_agreement']:.1f}%, max |dlogit| "
+                  f"{a['max_logit_error']}, mean {a['mean_logit_error']}, KL {a['kl']}, NLL {a['nll']}")
     if "cuda" in report:
         peak = report["cuda_peak_gbps"]
         print(f"\nCUDA {report['cuda_device']} (peak {peak or '?'} GB/s): Triton INT4 against fp16 torch.matmul,"
