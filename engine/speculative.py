@@ -171,6 +171,8 @@ class DraftModel:
         draft: list[int] = []
         rows: list[Tensor] = []
         for i in range(k):
+            if self.vocab_size is not None:  # never guess an id the target has no row for (padded tables)
+                logits = logits[: self.vocab_size]
             if float(torch.softmax(logits, -1).max()) < self.min_confidence:
                 break
             q = probs(logits, params)
@@ -182,9 +184,8 @@ class DraftModel:
         if not draft:
             return [], None
         q = torch.stack(rows)
-        if self.vocab_size is not None and self.vocab_size != q.shape[-1]:  # padded embedding tables differ
-            q = torch.nn.functional.pad(q, (0, self.vocab_size - q.shape[-1])) if self.vocab_size > q.shape[-1] \
-                else q[:, : self.vocab_size]
+        if self.vocab_size is not None and self.vocab_size > q.shape[-1]:  # the target's table is padded wider
+            q = torch.nn.functional.pad(q, (0, self.vocab_size - q.shape[-1]))
         return draft, q
 
     def _sync(self, context: list[int]) -> Tensor:

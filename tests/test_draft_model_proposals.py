@@ -77,3 +77,18 @@ def test_self_draft_shares_the_targets_weights():
     small.load_state_dict(target.state_dict(), strict=False)
     want = full_logits(small.eval(), ctx + guess)[len(ctx) - 1 : -1].argmax(-1).tolist()
     assert guess == want
+
+
+def test_q_rows_fit_the_targets_logit_width():
+    """Embedding tables padded to different sizes: q is cut or padded to the target's width, and no
+    guess falls outside it."""
+    wide = tiny_model(seed=2, vocab=300)  # 41 padding rows beyond the 259-token vocabulary
+    with torch.no_grad():
+        wide.lm_head.weight[259:] = 5.0  # padding rows the draft would otherwise love
+    draft = DraftModel(wide, ByteTokenizer(), ByteTokenizer(), min_confidence=0.0, vocab_size=259)
+    guess, q = draft.propose(list(b"abc"), 4, GenerationParams(temperature=1.0, top_p=1.0),
+                             torch.Generator().manual_seed(0))
+    assert q.shape == (4, 259) and all(g < 259 for g in guess)
+    narrow = DraftModel(tiny_model(seed=2), ByteTokenizer(), ByteTokenizer(), min_confidence=0.0, vocab_size=320)
+    _, q = narrow.propose(list(b"abc"), 2, GREEDY)
+    assert q.shape == (2, 320) and float(q[:, 259:].sum()) == 0.0
