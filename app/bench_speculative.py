@@ -19,7 +19,7 @@ from importlib import resources
 import torch
 
 CHAT_PROMPT = "Give me three tips for keeping a sourdough starter healthy, with a sentence on why each works."
-SUMMARY_PROMPT = "Summarise the following document.\n\n"
+SUMMARY_PROMPT = "Write a detailed summary of the following document, section by section.\n\n"
 PASS_TOKENS = (1, 2, 3, 5, 9, 17)
 
 
@@ -32,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--draft-tokens", type=int, default=16, help="upper bound of the adaptive draft length (1..16)")
     p.add_argument("--repeats", type=int, default=1, help="interleaved runs per configuration (median)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="decode exactly --new-tokens tokens (stop tokens do not end a reply)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--device", default=None)
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -116,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     engine = Engine.load(args.model, quant=args.quant, device=args.device)
+    if args.ignore_eos:
+        engine.tokenizer.stop_ids = frozenset()
     drafts = {}
     for spec in [d.strip() for d in (args.draft or "").split(",") if d.strip() and d.strip() != "none"]:
         drafts[spec] = load_draft(spec, engine.model, resolve(args.model), engine.tokenizer)
