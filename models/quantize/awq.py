@@ -49,6 +49,10 @@ def model_group_size(model: nn.Module, preferred: int = 128) -> int:
 
 @dataclass
 class AWQSettings:
+    """Knobs of the search. Measured on SmolLM2-135M's first 6 layers (output MSE on held-out text, g64,
+    32 x 256 calibration tokens): RTN 0.475; these defaults 0.203; duo_scaling 0.229; no clipping 0.225;
+    search_samples 32 instead of CPU's 8: 0.201 (2.7x the time); quantized_inputs: 0.198."""
+
     group_size: int = 128
     n_grid: int = 20  # alpha in 0, 1/n_grid, ..., (n_grid-1)/n_grid
     duo_scaling: bool = False  # s = mean|x|^a / mean|w|^(1-a) (AutoAWQ's default) instead of mean|x|^a

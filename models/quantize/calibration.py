@@ -96,7 +96,8 @@ def from_texts(encode: Encode, n_samples: int, seq_len: int, files: Sequence[Pat
 
 def pile_val(encode: Encode, n_samples: int, seq_len: int) -> Calibration:
     """The AWQ calibration recipe: pile-val documents no longer than `seq_len` tokens, concatenated and cut
-    into `n_samples` blocks of `seq_len`."""
+    into `n_samples` blocks of `seq_len`. Documents are taken in file order (AutoAWQ shuffles the whole
+    set with seed 42 first, which needs all of it decoded); the file is fetched once into the HF cache."""
     # Offline, a copy already in the Hugging Face cache still serves.
     local_only = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
     import zstandard  # not a dependency: without it this source is skipped
