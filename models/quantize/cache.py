@@ -34,7 +34,7 @@ from .checkpoint import save_awq
 log = logging.getLogger("parley.quantize")
 
 CACHE_ENV = "PARLEY_CACHE_DIR"
-FORMAT_VERSION = 1  # bump when the algorithm or the folder format changes: older folders stop matching
+FORMAT_VERSION = 2  # bump when the algorithm or the folder format changes: older folders stop matching
 MANIFEST = "manifest.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
                    "generation_config.json", "vocab.json", "merges.txt", "added_tokens.json")

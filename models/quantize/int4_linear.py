@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from ... import kernels
-from .pack import quantize_weight
+from .pack import Bounds, quantize_weight
 
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -41,7 +41,7 @@ class Int4Linear(nn.Module):
         self._prepared: Any = None  # the kernels' repacked form, built on first use
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group_size: int, max_abs: Tensor | None = None) -> Int4Linear:
+    def from_linear(cls, linear: nn.Linear, group_size: int, max_abs: Bounds | None = None) -> Int4Linear:
         """Quantize an nn.Linear (its weight clipped per group to `max_abs` first, when given)."""
         w = linear.weight.data
         m = cls(linear.in_features, linear.out_features, group_size, linear.bias is not None,

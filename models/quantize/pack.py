@@ -21,17 +21,26 @@ AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 MAX_INT = 15  # 4 bits, unsigned
 
 
-def group_params(w: Tensor, group_size: int, max_abs: Tensor | None = None) -> tuple[Tensor, Tensor]:
+Bounds = Tensor | tuple[Tensor, Tensor]  # per-group clipping range: max |w| (symmetric) or (low, high)
+
+
+def _low_high(bounds: Bounds) -> tuple[Tensor, Tensor]:
+    return bounds if isinstance(bounds, tuple) else (-bounds, bounds)
+
+
+def group_params(w: Tensor, group_size: int, max_abs: Bounds | None = None) -> tuple[Tensor, Tensor]:
     """Per-group scales and integer zero points of w [out, in] -> both [out, in/group].
 
-    `max_abs` [out, in/group] clips every group to [-max_abs, max_abs] first (the AWQ clipping search).
+    `max_abs` [out, in/group] clips every group to [-max_abs, max_abs] first (the AWQ clipping search), or
+    to [low, high] when it is a pair.
     Scales are rounded to fp16 here, since that is what the checkpoint stores: the integers are then
     chosen against the exact step the loader will multiply by.
     """
     out_f, in_f = w.shape
     g = w.float().reshape(out_f, in_f // group_size, group_size)
     if max_abs is not None:
-        g = torch.maximum(torch.minimum(g, max_abs[..., None]), -max_abs[..., None])
+        low, high = _low_high(max_abs)
+        g = torch.maximum(torch.minimum(g, high[..., None]), low[..., None])
     hi, lo = g.amax(-1), g.amin(-1)
     scales = ((hi - lo).clamp(min=1e-5) / MAX_INT).half().float()
     zeros = (-torch.round(lo / scales)).clamp(0, MAX_INT)
@@ -46,15 +55,15 @@ def quantize_int(w: Tensor, scales: Tensor, zeros: Tensor, group_size: int) -> T
     return q.reshape(out_f, in_f).to(torch.int32)
 
 
-def clip(w: Tensor, max_abs: Tensor | None, group_size: int) -> Tensor:
-    """w [out, in] clamped to [-max_abs, max_abs] of its group (max_abs [out, in/group]); None: unchanged."""
+def clip(w: Tensor, max_abs: Bounds | None, group_size: int) -> Tensor:
+    """w [out, in] clamped to its group's range (bounds [out, in/group]); None: unchanged."""
     if max_abs is None:
         return w
-    m = max_abs.repeat_interleave(group_size, 1).to(w.dtype)
-    return torch.maximum(torch.minimum(w, m), -m)
+    low, high = (b.repeat_interleave(group_size, 1).to(w.dtype) for b in _low_high(max_abs))
+    return torch.maximum(torch.minimum(w, high), low)
 
 
-def fake_quantize(w: Tensor, group_size: int, max_abs: Tensor | None = None) -> Tensor:
+def fake_quantize(w: Tensor, group_size: int, max_abs: Bounds | None = None) -> Tensor:
     """w rounded to its INT4 grid and back, in w's dtype: what the quantized layer will compute with."""
     scales, zeros = group_params(w, group_size, max_abs)
     q = quantize_int(clip(w, max_abs, group_size), scales, zeros, group_size)
@@ -89,7 +98,7 @@ def pack_awq(q: Tensor, scales: Tensor, zeros: Tensor) -> tuple[Tensor, Tensor, 
     return qweight, qzeros, scales.t().contiguous().half()
 
 
-def quantize_weight(w: Tensor, group_size: int, max_abs: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def quantize_weight(w: Tensor, group_size: int, max_abs: Bounds | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """A linear's weight [out, in] -> AutoAWQ GEMM tensors (qweight, qzeros, scales)."""
     if w.shape[1] % group_size:
         raise ValueError(f"input size {w.shape[1]} is not a multiple of the group size {group_size}")
