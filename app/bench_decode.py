@@ -15,13 +15,15 @@ PROMPT = ("Write a detailed, friendly explanation of how rainbows form, covering
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model ref (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--quant", default="none,awq",
-                   help="comma-separated engine variants to measure: none (fp32/bf16 weights), awq (INT4)")
+    p.add_argument("--quant", default="none,awq,awq+compile",
+                   help="comma-separated engine variants to measure: none (fp32/bf16 weights), awq (INT4); "
+                        "+compile adds torch.compile of the decode step")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--prefill-tokens", type=int, default=512)
     p.add_argument("--repeats", type=int, default=3, help="median of this many runs")
     p.add_argument("--no-transformers", action="store_true", help="skip the transformers reference")
     p.add_argument("--device", default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -82,21 +84,31 @@ def run(args: argparse.Namespace) -> int:
     from ..engine.engine import Engine
     from ..models.resolve import resolve
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     results: dict = {"model": None, "threads": torch.get_num_threads(), "new_tokens": args.new_tokens,
                      "prefill_tokens": args.prefill_tokens, "engines": {}}
     base = None
-    for quant in [q.strip() for q in args.quant.split(",") if q.strip()]:
+    for variant in [q.strip() for q in args.quant.split(",") if q.strip()]:
+        quant, _, extra = variant.partition("+")
         try:
-            engine = Engine.load(args.model, quant=quant, device=args.device)
+            t = time.perf_counter()
+            engine = Engine.load(args.model, quant=quant, device=args.device, compile=extra == "compile")
+            if extra == "compile":  # compile now, outside the timed runs, for one token and for a few
+                engine.prefill([0, 1])
+                engine.forward([2])
+                engine.forward([2, 3])
+            load_s = time.perf_counter() - t
         except Exception as e:  # e.g. INT4 path not available: report, keep measuring the rest
-            results["engines"][quant] = {"error": f"{type(e).__name__}: {e}"}
+            results["engines"][variant] = {"error": f"{type(e).__name__}: {e}"}
             continue
         results["model"] = engine.model_name
         ids = engine.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
         r = measure_engine(engine, ids, args.prefill_tokens, args.new_tokens, args.repeats)
         r["dtype"] = str(engine.model.norm.weight.dtype).removeprefix("torch.")
         r["quantization"] = engine.quantization
-        results["engines"][quant] = r
+        r["load_s"] = round(load_s, 1)
+        results["engines"][variant] = r
         base = base or r
         del engine
     if not args.no_transformers:
@@ -130,11 +142,11 @@ def run(args: argparse.Namespace) -> int:
           f"prefill {args.prefill_tokens} tokens, decode {args.new_tokens} tokens (median of {args.repeats})")
     for name, r in results["engines"].items():
         if "error" in r:
-            print(f"  parley {name:<5} unavailable: {r['error']}")
+            print(f"  parley {name:<12} unavailable: {r['error']}")
             continue
         extra = "".join(f"  {k}={r[k]}x" for k in ("decode_vs_fp", "decode_vs_transformers") if k in r)
-        print(f"  parley {name:<5} ({r['dtype']}, {r['quantization']}): prefill {r['prefill_tok_s']:7.1f} tok/s  "
-              f"decode {r['decode_tok_s']:6.1f} tok/s{extra}")
+        print(f"  parley {name:<12} ({r['dtype']}, {r['quantization']}): prefill {r['prefill_tok_s']:7.1f} tok/s  "
+              f"decode {r['decode_tok_s']:6.1f} tok/s{extra}  (load {r['load_s']} s)")
     if "transformers_fp32" in results:
         r = results["transformers_fp32"]
         print("  transformers fp32 generate: " + (f"decode {r['decode_tok_s']:6.1f} tok/s" if "decode_tok_s" in r

@@ -28,6 +28,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="awq: INT4, quantized and cached on first use (default); none: the weights as they are")
     p.add_argument("--draft", default=None, help="a draft model (same tokenizer) for speculative decoding")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--compile", action="store_true", default=None,
+                   help="torch.compile the decode step: ~1.2x faster INT4 decode on CPU after a ~1 min compile "
+                        "(also PARLEY_COMPILE=1)")
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
@@ -68,7 +71,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     params = params_from_args(args)
     engine = Engine.load(args.model, quant=args.quant, draft=args.draft, device=args.device,
-                         progress=print_progress)
+                         progress=print_progress, compile=args.compile)
     messages = [{"role": "user", "content": args.prompt}]
     session = engine.session(system_prompt=args.system)
     stats, done = None, None

@@ -24,7 +24,8 @@ def run(args: argparse.Namespace) -> int:
 
     def load(progress):
         kwargs = {"device": device} if device else {}
-        return Engine.load(model, quant=args.quant, draft=args.draft, progress=progress, **kwargs)
+        return Engine.load(model, quant=args.quant, draft=args.draft, progress=progress,
+                           compile=getattr(args, "compile", None), **kwargs)
 
     app = ParleyApp(load, model_ref=model, params=params, system_prompt=args.system or "")
     app.run()

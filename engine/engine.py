@@ -57,6 +57,7 @@ class Engine:
         dev = torch.device(device) if device else default_device()
         dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
         files = resolve(model_ref, progress=progress)
+        name = files.repo_id or Path(files.path).name
         tokenizer = load_tokenizer(files)
         quantization = "none"
         if quant == "awq":
@@ -69,7 +70,10 @@ class Engine:
         model = load_model(files, dtype=dtype, device=dev)
         if quantization == "none" and model.config.quantization:
             quantization = f"{model.config.quantization.get('quant_method', 'quantized')}-int4"
-        name = files.repo_id or Path(files.path).name
+        if quantization != "none":
+            from ..models.quantize.head import FastHead
+
+            model.lm_head = FastHead(model.lm_head.weight)
         drafter: Drafter | None = None
         if draft:
             from .speculative import load_draft
