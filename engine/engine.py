@@ -74,6 +74,10 @@ class Engine:
             from ..models.quantize.head import FastHead
 
             model.lm_head = FastHead(model.lm_head.weight)
+        elif dev.type == "cpu":
+            from ..models.transposed_linear import transpose_linears
+
+            transpose_linears(model)
         drafter: Drafter | None = None
         if draft:
             from .speculative import load_draft
