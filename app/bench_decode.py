@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import time
 
 import torch
+
+from .peak_memory import peak_memory
 
 PROMPT = ("Write a detailed, friendly explanation of how rainbows form, covering refraction, reflection "
           "and dispersion of sunlight in water droplets, and why the colours always appear in the same order.")
@@ -25,10 +26,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _median(xs: list[float]) -> float:
@@ -131,9 +128,7 @@ def run(args: argparse.Namespace) -> int:
     for r in results["engines"].values():
         if "decode_tok_s" in r and "decode_tok_s" in fp:
             r["decode_vs_fp"] = round(r["decode_tok_s"] / fp["decode_tok_s"], 2)
-    results["peak_rss_mb"] = round(peak_rss_mb(), 1)
-    if torch.cuda.is_available():
-        results["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    results.update(peak_memory())
 
     if args.json:
         print(json.dumps(results))

@@ -15,10 +15,11 @@ import copy
 import json
 import math
 import os
-import resource
 import sys
 import time
 from pathlib import Path
+
+from .peak_memory import peak_memory
 
 HELDOUT_DIR = Path(__file__).resolve().parents[1] / "assets" / "heldout"
 
@@ -77,10 +78,6 @@ def dequantized(model):
                     dense.bias.copy_(lin.bias)
             setattr(parent, name, dense)
     return model
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def run(args: argparse.Namespace) -> int:
@@ -153,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     summary = {
         "bench": "quality", "model": files.ref, "text": [t.name for t in texts], "chunk": args.chunk,
         "chunks": n, "scored_tokens": n * (args.chunk - args.chunk // 2), "group_size": group,
-        "kernels": args.kernels, "results": results, "peak_rss_mb": round(peak_rss_mb(), 1),
+        "kernels": args.kernels, "results": results, **peak_memory(),
     }
     if args.json:
         print(json.dumps(summary))

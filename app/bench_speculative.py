@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import time
 from importlib import resources
 
 import torch
+
+from .peak_memory import peak_memory
 
 CHAT_PROMPT = "Give me three tips for keeping a sourdough starter healthy, with a sentence on why each works."
 SUMMARY_PROMPT = "Write a detailed summary of the following document, section by section.\n\n"
@@ -37,10 +38,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--device", default=None)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def document() -> str:
@@ -136,9 +133,7 @@ def run(args: argparse.Namespace) -> int:
     for key, messages in (("summarise", summarise), ("free_chat", chat)):
         results[key] = scenario(engine, messages, drafts, args)
     results["target_cost_by_tokens"] = pass_cost(engine, engine.tokenizer.encode_chat(summarise))
-    results["peak_rss_mb"] = round(peak_rss_mb(), 1)
-    if torch.cuda.is_available():
-        results["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    results.update(peak_memory())
 
     if args.json:
         print(json.dumps(results))

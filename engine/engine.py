@@ -10,7 +10,8 @@ from torch import Tensor
 
 from ..models.progress import ProgressFn
 from ..models.transformer import Transformer
-from .session import Session, common_prefix
+from .prefix import common_prefix
+from .session import Session
 from .speculative import Drafter, PromptLookup
 
 PREFILL_CHUNK = 512  # long pastes prefill in pieces so activation memory stays bounded

@@ -19,14 +19,6 @@ if TYPE_CHECKING:
 STATS_EVERY_S = 0.5  # how often a reply in flight reports its figures
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
 class Session:
     """One conversation. Its KV state lives in the engine (one reply at a time); `Engine.cached_ids`
     says which tokens the cache holds, so any session can continue from the longest common prefix."""

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from ..models.transformer import KVCache, Transformer
 from .params import GenerationParams
+from .prefix import common_prefix
 from .sampling import probs, sample
 
 DRAFT_CHUNK = 512  # the draft prefills long contexts in pieces, as the target does
@@ -194,7 +195,7 @@ class DraftModel:
         if self.cache is None:
             self.cache = self.model.new_cache(self.max_len)
         # At least the last context token is fed again: its logits are what the first guess needs.
-        keep = min(_common_prefix(self.cached_ids, context), len(context) - 1)
+        keep = min(common_prefix(self.cached_ids, context), len(context) - 1)
         del self.cached_ids[keep:]
         self.cache.truncate(keep)
         rest = context[keep:]
@@ -251,20 +252,6 @@ def load_draft(spec: str, target: Transformer, target_files, tokenizer, *, progr
         draft_tokenizer = load_tokenizer(files)
     model = load_model(files, dtype=weight.dtype, device=weight.device)
     return DraftModel(model, draft_tokenizer, tokenizer, vocab_size=target.config.vocab_size)
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]: bisect with C-speed slice comparisons
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 class AdaptiveDraftLength:
