@@ -24,8 +24,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=3, help="median of this many runs")
     p.add_argument("--no-transformers", action="store_true", help="skip the transformers reference")
     p.add_argument("--device", default=None)
+    p.add_argument("--random", choices=sorted(RANDOM_SHAPES), default=None,
+                   help="random weights of this shape instead of --model (GPU figures for a 7B-shaped model)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+# Random weights of real shapes: GPU speed is measured on these (no real 7B model can be brought here).
+RANDOM_SHAPES = {
+    "7b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, intermediate_size=11008),
+    "small": dict(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=512),  # for tests
+}
+
+
+def random_engine(shape: str, quant: str, device: str | None, compile: bool):
+    """An engine over random weights of a named shape, with the embedded model's tokenizer. `awq` here is
+    round-to-nearest INT4 of the random weights: the same layout, kernels and bytes as a real AWQ model."""
+    from ..engine.engine import Engine, default_device
+    from ..models.config import ModelConfig
+    from ..models.quantize.head import FastHead
+    from ..models.quantize.int4_linear import Int4Linear, decoder_linears
+    from ..models.resolve import resolve
+    from ..models.tokenizer import load_tokenizer
+    from ..models.transformer import Transformer
+    from ..models.transposed_linear import transpose_linears
+
+    dev = torch.device(device) if device else default_device()
+    tokenizer = load_tokenizer(resolve(None))
+    config = ModelConfig(arch="llama", vocab_size=tokenizer.vocab_size, max_seq_len=4096, **RANDOM_SHAPES[shape])
+    with torch.device(dev):
+        model = Transformer(config).to(torch.bfloat16 if dev.type == "cuda" else torch.float32).eval()
+    if quant == "awq":
+        for parent, name, linear in decoder_linears(model):
+            setattr(parent, name, Int4Linear.from_linear(linear, 128))
+        model.lm_head = FastHead(model.lm_head.weight)
+    elif dev.type == "cpu":
+        transpose_linears(model)
+    return Engine(model, tokenizer, name=f"random-{shape}", quantization="rtn-int4" if quant == "awq" else "none",
+                  context_window=4096, compile=compile)
 
 
 def _median(xs: list[float]) -> float:
@@ -90,7 +126,10 @@ def run(args: argparse.Namespace) -> int:
         quant, _, extra = variant.partition("+")
         try:
             t = time.perf_counter()
-            engine = Engine.load(args.model, quant=quant, device=args.device, compile=extra == "compile")
+            if args.random:
+                engine = random_engine(args.random, quant, args.device, extra == "compile")
+            else:
+                engine = Engine.load(args.model, quant=quant, device=args.device, compile=extra == "compile")
             if extra == "compile":  # compile now, outside the timed runs, for one token and for a few
                 engine.prefill([0, 1])
                 engine.forward([2])
@@ -108,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         results["engines"][variant] = r
         base = base or r
         del engine
-    if not args.no_transformers:
+    if not args.no_transformers and not args.random:
         files = resolve(args.model)
         ids_engine = None
         try:

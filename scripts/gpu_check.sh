@@ -40,7 +40,7 @@ fi
 
 echo "== parley bench decode (random 7B-shaped weights)"
 if "$PY" -m parley.app.cli bench decode --help 2>/dev/null | grep -q -- "--random"; then
-  timeout 120 "$PY" -m parley.app.cli bench decode --device cuda --random 7b --json \
+  timeout 240 "$PY" -m parley.app.cli bench decode --device cuda --random 7b --quant none,awq --json \
     > "$OUT/bench_decode.json" && cat "$OUT/bench_decode.json" || failed+=("bench decode")
 else
   echo "skipped: parley bench decode has no random-weight option yet"

@@ -1,0 +1,20 @@
+"""`parley bench decode --json` prints one object with a figure per engine variant and peak memory."""
+
+import json
+import subprocess
+import sys
+
+
+def test_random_weights_bench_prints_one_json_object():
+    out = subprocess.run(
+        [sys.executable, "-m", "parley.app.cli", "bench", "decode", "--random", "small", "--quant", "none,awq",
+         "--new-tokens", "4", "--prefill-tokens", "16", "--repeats", "1", "--threads", "1", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert set(report["engines"]) == {"none", "awq"}
+    for r in report["engines"].values():
+        assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0
+    assert report["engines"]["awq"]["quantization"] == "rtn-int4"
+    assert report["peak_rss_mb"] > 0
