@@ -15,13 +15,17 @@ pytestmark = pytest.mark.anyio
 DOC = "\n".join(f"line {i} of the report" for i in range(1, 215))  # 214 lines
 
 
+async def paste_document(app) -> None:
+    app.prompt.focus()
+    app.post_message(events.Paste(DOC))
+    await wait_until(lambda: app.attachment is not None and app.attachment.tokens is not None)
+
+
 async def test_large_paste_becomes_attachment_and_is_sent_with_the_question(tmp_path):
     app, engine = make_app(tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
         await ready(app, pilot)
-        app.prompt.focus()
-        app.post_message(events.Paste(DOC))
-        await wait_until(lambda: app.attachment is not None and app.attachment.tokens is not None)
+        await paste_document(app)
         assert app.prompt.text == ""  # the input is not flooded
         label = str(app.query_one("#attachment-label").render())
         assert label == f"pasted: 214 lines, {engine.count_tokens(DOC):,} tokens"
@@ -48,9 +52,7 @@ async def test_summarise_is_one_key(tmp_path):
     app, engine = make_app(tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
         await ready(app, pilot)
-        app.prompt.focus()
-        app.post_message(events.Paste(DOC))
-        await wait_until(lambda: app.attachment is not None and app.attachment.tokens is not None)
+        await paste_document(app)
         await pilot.press("ctrl+s")
         await wait_until(lambda: engine.calls and not app.generating)
         assert engine.calls[0].messages[0]["content"] == DOC + "\n\n" + SUMMARISE_PROMPT

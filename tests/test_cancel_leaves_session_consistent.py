@@ -1,7 +1,6 @@
 """Cancelling mid-reply leaves an engine whose next reply equals a fresh engine's on the same history."""
 
-import threading
-
+from replies import collect
 from tiny import tiny_engine
 
 from parley.engine.events import Done, Stats, TextDelta
@@ -9,16 +8,8 @@ from parley.engine.params import GenerationParams
 
 
 def run(eng, messages, params, cancel_after=None):
-    cancel = threading.Event()
-    text, done = "", None
-    for ev in eng.session().reply(messages, params, cancel):
-        if isinstance(ev, TextDelta):
-            text += ev.text
-            if cancel_after is not None and len(text) >= cancel_after:
-                cancel.set()
-        elif isinstance(ev, Done):
-            done = ev
-    return text, done
+    cancel_when = None if cancel_after is None else (lambda text, _n: len(text) >= cancel_after)
+    return collect(eng, messages, params, cancel_when)
 
 
 def test_cancel_then_continue_equals_fresh_session():

@@ -1,27 +1,18 @@
 """On the real embedded model: after a reply is cancelled mid-stream, the next reply equals that of a
 fresh engine given the same visible history (the cancelled text as the assistant's message)."""
 
-import threading
-
 import pytest
+from replies import collect
 
 from parley.engine.engine import Engine
-from parley.engine.events import Done, TextDelta
 from parley.engine.params import GenerationParams
 
 pytestmark = pytest.mark.slow
 
 
 def reply(engine, messages, params, cancel_after_deltas=None):
-    cancel, text, done, n = threading.Event(), "", None, 0
-    for ev in engine.session().reply(messages, params, cancel):
-        if isinstance(ev, TextDelta):
-            text, n = text + ev.text, n + 1
-            if cancel_after_deltas is not None and n >= cancel_after_deltas:
-                cancel.set()
-        elif isinstance(ev, Done):
-            done = ev
-    return text, done
+    cancel_when = None if cancel_after_deltas is None else (lambda _text, n: n >= cancel_after_deltas)
+    return collect(engine, messages, params, cancel_when)
 
 
 def test_cancelled_then_continued_equals_fresh_engine():
