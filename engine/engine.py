@@ -11,6 +11,7 @@ from torch import Tensor
 from ..models.progress import ProgressFn
 from ..models.transformer import Transformer
 from .prefix import common_prefix
+from .protocol import Capabilities
 from .session import Session
 from .speculative import Drafter, PromptLookup
 
@@ -87,6 +88,10 @@ class Engine:
         return cls(model, tokenizer, name=name, quantization=quantization,
                    context_window=context_window or int(os.environ.get("PARLEY_CONTEXT", 0)) or None,
                    draft=drafter, compile=compile if compile is not None else os.environ.get("PARLEY_COMPILE") == "1")
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities()
 
     def session(self, system_prompt: str | None = None) -> Session:
         return Session(self, system_prompt)

@@ -33,9 +33,16 @@ class Stats:
 
 
 @dataclass(frozen=True)
+class Notice:
+    """Something the user should know mid-reply (e.g. a live parameter was rejected and why)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class Done:
     reason: Literal["eos", "length", "cancelled", "error"]
     detail: str = ""
 
 
-Event = TextDelta | Stats | Done
+Event = TextDelta | Stats | Notice | Done
