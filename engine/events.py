@@ -9,6 +9,7 @@ from typing import Literal
 @dataclass(frozen=True)
 class TextDelta:
     text: str
+    draft_chars: int = 0  # how many leading characters of `text` came from accepted draft tokens
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class Stats:
     reused_tokens: int = 0  # prompt tokens whose KV came from the previous turn
     context_tokens: int = 0  # tokens in the context after this reply
     context_window: int = 0
+    drafter: str = ""  # "prompt lookup", the draft model's name, or "" when not speculating
 
     @property
     def acceptance_rate(self) -> float:
