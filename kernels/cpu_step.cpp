@@ -11,6 +11,7 @@
 // the pass holds 1 position or 512, and whichever thread computes it. Tiles over positions only reuse
 // loaded weights; they never reorder a position's arithmetic. So a position's logits are bitwise the same
 // in a decode pass, a verification pass or a prefill chunk. Build with -ffp-contract=off.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -174,10 +175,11 @@ static void quantize_row(const float* x, int K, int G, int8_t* q, float* d16, fl
     }
 }
 
+// Called inside a parallel region (an orphaned `omp for`: the threads split the rows, then meet).
 static void quantize_acts(const float* x, int M, int K, int G, Act* a) {
     a->K = K;
     a->G = G;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
     for (int m = 0; m < M; m++)
         quantize_row(x + (size_t)m * K, K, G, a->q + (size_t)m * K, a->d + (size_t)m * (K / 64) * 16,
                      a->gsum + (size_t)m * (K / G));
@@ -335,13 +337,13 @@ static void f32_col_scalar(const Lin* L, int n, const float* x, int m, float* y,
     y[(size_t)m * ldy + n] = acc;
 }
 
-// y [M][N] = x [M][K] W^T. `a` holds x quantized (Q4/Q8); `x` is read by F32.
+// y [M][N] = x [M][K] W^T. `a` holds x quantized (Q4/Q8); `x` is read by F32. Inside a parallel region.
 static void linear(const Lin* L, int M, const float* x, const Act* a, const int32_t* xsum16, float* y) {
     const int N = L->N;
 #if PARLEY_VNNI
     const int C = 4;
     const int ntiles = (N + C - 1) / C;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
     for (int t = 0; t < ntiles; t++) {
         const int n0 = t * C;
         if (n0 + C > N) {  // ragged last columns: one at a time, the same arithmetic per column
@@ -366,7 +368,7 @@ static void linear(const Lin* L, int M, const float* x, const Act* a, const int3
         }
     }
 #else
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
     for (int n = 0; n < N; n++)
         for (int m = 0; m < M; m++) {
             if (L->kind == W_Q4) q4_col_scalar(L, n, a, m, y, N);
@@ -481,43 +483,159 @@ static inline void load_v(const Cache* c, const KV* kv, int h, int j, int D, flo
     }
 }
 
+#if PARLEY_VNNI
+// 16 vectors -> one vector whose lane i is the sum of v[i]'s lanes (a fixed tree of shuffles and adds).
+static inline __m512 transpose_sum16(const __m512* v) {
+    __m512 z[4];
+    for (int g = 0; g < 4; g++) {
+        __m512 x[2];
+        for (int h = 0; h < 2; h++) {
+            __m512 a = v[g * 4 + h * 2], b = v[g * 4 + h * 2 + 1];
+            x[h] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+        }
+        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(x[0]), _mm512_castps_pd(x[1]));
+        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(x[0]), _mm512_castps_pd(x[1]));
+        z[g] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    }
+    __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x88), _mm512_shuffle_f32x4(z[0], z[1], 0xdd));
+    __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(z[2], z[3], 0x88), _mm512_shuffle_f32x4(z[2], z[3], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xdd));
+}
+
+// 16 dims of key/value row `row` as floats, before any per-row scale.
+static inline __m512 load16(const Cache* c, const void* base, size_t row, int D, int d) {
+    switch (c->kind) {
+    case KV_F32: return _mm512_loadu_ps((const float*)base + row * D + d);
+    case KV_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)((const uint16_t*)base + row * D + d))), 16));
+    default:
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)((const int8_t*)base + row * D + d))));
+    }
+}
+#endif
+
 // Attention of `nq` query heads sharing kv head `h`, one position: out[i] = softmax(q_i K^T * scale) V
-// over slots 0..pos. Scores, max, exponentials and the weighted sum run in slot order.
+// over slots 0..pos, reading the cache in its stored form. Every step runs in slot order with a fixed
+// lane layout that depends only on pos, so the result is the same in any pass.
 static void attend(const Cache* c, const KV* kv, int h, int pos, int D, int nq, const float* q, float scale,
                    float* out, float* scores /* [nq][max_len] */, float* kbuf) {
     const int n = pos + 1;
+    const size_t base = (size_t)h * c->max_len;
+#if PARLEY_VNNI
+    if (D % 16 == 0 && D <= 256 && nq <= 8) {
+        const int nd = D / 16;
+        __m512 qv[8][16];
+        for (int i = 0; i < nq; i++)
+            for (int t = 0; t < nd; t++) qv[i][t] = _mm512_loadu_ps(q + i * D + t * 16);
+        const bool scaled = c->kind >= KV_INT8;
+        int j0 = 0;
+        for (; j0 < n; j0 += 16) {
+            const int cnt = n - j0 < 16 ? n - j0 : 16;
+            __m512 part[8][16];
+            for (int jj = 0; jj < 16; jj++) {
+                if (jj >= cnt) {
+                    for (int i = 0; i < nq; i++) part[i][jj] = _mm512_setzero_ps();
+                    continue;
+                }
+                __m512 acc[8];
+                for (int i = 0; i < nq; i++) acc[i] = _mm512_setzero_ps();
+                for (int t = 0; t < nd; t++) {
+                    __m512 kx = load16(c, kv->k, base + j0 + jj, D, t * 16);
+                    for (int i = 0; i < nq; i++) acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(qv[i][t], kx));
+                }
+                for (int i = 0; i < nq; i++) part[i][jj] = acc[i];
+            }
+            __m512 ks = scaled ? _mm512_maskz_loadu_ps((__mmask16)((1u << cnt) - 1), kv->ks + base + j0)
+                               : _mm512_set1_ps(1.0f);
+            for (int i = 0; i < nq; i++) {
+                __m512 sc = _mm512_mul_ps(_mm512_mul_ps(transpose_sum16(part[i]), ks), _mm512_set1_ps(scale));
+                _mm512_mask_storeu_ps(scores + (size_t)i * c->max_len + j0, (__mmask16)((1u << cnt) - 1), sc);
+            }
+        }
+        float inv_sum[8];
+        for (int i = 0; i < nq; i++) {
+            float* s = scores + (size_t)i * c->max_len;
+            __m512 mv = _mm512_set1_ps(-INFINITY);
+            int j = 0;
+            for (; j + 16 <= n; j += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(s + j));
+            float mx = _mm512_reduce_max_ps(mv);
+            for (; j < n; j++) mx = std::fmax(mx, s[j]);
+            __m512 vsum = _mm512_setzero_ps();
+            j = 0;
+            for (; j + 16 <= n; j += 16) {
+                __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(mx)));
+                _mm512_storeu_ps(s + j, e);
+                vsum = _mm512_add_ps(vsum, e);
+            }
+            float sum = hsum(vsum);
+            for (; j < n; j++) {
+                s[j] = exp_scalar(s[j] - mx);
+                sum += s[j];
+            }
+            inv_sum[i] = 1.0f / sum;
+        }
+        __m512 o[8][16];
+        for (int i = 0; i < nq; i++)
+            for (int t = 0; t < nd; t++) o[i][t] = _mm512_setzero_ps();
+        if (c->kind == KV_K8V4) {
+            // v = q * s_g + m_g per 32 dims: the minimum's share is summed per group and added at the end
+            float msum[8][8] = {};
+            for (int j = 0; j < n; j++) {
+                const size_t row = base + j;
+                const uint8_t* vq = (const uint8_t*)kv->v + row * (D / 2);
+                const float* vs = kv->vs + row * (D / 32);
+                const float* vm = kv->vm + row * (D / 32);
+                for (int t = 0; t < nd; t++) {
+                    const int d = t * 16, g = d / 32;
+                    const uint8_t* src = d < D / 2 ? vq + d : vq + d - D / 2;
+                    __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)src));
+                    b = d < D / 2 ? _mm512_and_si512(b, _mm512_set1_epi32(15)) : _mm512_srli_epi32(b, 4);
+                    __m512 vx = _mm512_cvtepi32_ps(b);
+                    for (int i = 0; i < nq; i++) {
+                        const float p = scores[(size_t)i * c->max_len + j];
+                        o[i][t] = _mm512_add_ps(o[i][t], _mm512_mul_ps(_mm512_set1_ps(p * vs[g]), vx));
+                    }
+                }
+                for (int i = 0; i < nq; i++)
+                    for (int g = 0; g < D / 32; g++) msum[i][g] += scores[(size_t)i * c->max_len + j] * vm[g];
+            }
+            for (int i = 0; i < nq; i++)
+                for (int t = 0; t < nd; t++)
+                    o[i][t] = _mm512_add_ps(o[i][t], _mm512_set1_ps(msum[i][t * 16 / 32]));
+        } else {
+            for (int j = 0; j < n; j++) {
+                const size_t row = base + j;
+                const float vsc = c->kind == KV_INT8 ? kv->vs[row] : 1.0f;
+                __m512 pw[8];
+                for (int i = 0; i < nq; i++) pw[i] = _mm512_set1_ps(scores[(size_t)i * c->max_len + j] * vsc);
+                for (int t = 0; t < nd; t++) {
+                    __m512 vx = load16(c, kv->v, row, D, t * 16);
+                    for (int i = 0; i < nq; i++) o[i][t] = _mm512_add_ps(o[i][t], _mm512_mul_ps(pw[i], vx));
+                }
+            }
+        }
+        for (int i = 0; i < nq; i++)
+            for (int t = 0; t < nd; t++)
+                _mm512_storeu_ps(out + i * D + t * 16, _mm512_mul_ps(o[i][t], _mm512_set1_ps(inv_sum[i])));
+        return;
+    }
+#endif
     for (int j = 0; j < n; j++) {
         load_k(c, kv, h, j, D, kbuf);
         for (int i = 0; i < nq; i++) {
-#if PARLEY_VNNI
-            __m512 acc = _mm512_setzero_ps();
-            for (int d = 0; d < D; d += 16)
-                acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(q + i * D + d), _mm512_loadu_ps(kbuf + d)));
-            scores[(size_t)i * c->max_len + j] = hsum(acc) * scale;
-#else
             float acc = 0.0f;
             for (int d = 0; d < D; d++) acc += q[i * D + d] * kbuf[d];
             scores[(size_t)i * c->max_len + j] = acc * scale;
-#endif
         }
     }
-    float inv_sum[16];
+    float inv_sum[64];
     for (int i = 0; i < nq; i++) {
         float* s = scores + (size_t)i * c->max_len;
         float mx = s[0];
         for (int j = 1; j < n; j++) mx = std::fmax(mx, s[j]);
         float sum = 0.0f;
-        int j = 0;
-#if PARLEY_VNNI
-        __m512 vsum = _mm512_setzero_ps();
-        for (; j + 16 <= n; j += 16) {
-            __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(mx)));
-            _mm512_storeu_ps(s + j, e);
-            vsum = _mm512_add_ps(vsum, e);
-        }
-        sum = hsum(vsum);
-#endif
-        for (; j < n; j++) {
+        for (int j = 0; j < n; j++) {
             s[j] = exp_scalar(s[j] - mx);
             sum += s[j];
         }
@@ -528,14 +646,7 @@ static void attend(const Cache* c, const KV* kv, int h, int pos, int D, int nq, 
         load_v(c, kv, h, j, D, kbuf);
         for (int i = 0; i < nq; i++) {
             const float p = scores[(size_t)i * c->max_len + j];
-#if PARLEY_VNNI
-            for (int d = 0; d < D; d += 16) {
-                __m512 o = _mm512_loadu_ps(out + i * D + d);
-                _mm512_storeu_ps(out + i * D + d, _mm512_add_ps(o, _mm512_mul_ps(_mm512_set1_ps(p), _mm512_loadu_ps(kbuf + d))));
-            }
-#else
             for (int d = 0; d < D; d++) out[i * D + d] += p * kbuf[d];
-#endif
         }
     }
     for (int i = 0; i < nq; i++)
@@ -595,12 +706,16 @@ extern "C" int parley_linear(const Lin* L, int M, const float* x, float* y) {
     a.d = (float*)scratch((size_t)M * (L->K / 64) * 16 * 4);
     a.gsum = (float*)scratch((size_t)M * (L->K / 32) * 4);
     int32_t* corr = nullptr;
-    if (L->kind != W_F32) quantize_acts(x, M, L->K, L->kind == W_Q4 ? L->group : L->K, &a);
-    if (L->kind == W_Q8) {
-        corr = (int32_t*)scratch((size_t)M * (L->K / 64) * 16 * 4);
-        head_corrections(&a, M, corr);
+    corr = (int32_t*)scratch((size_t)M * (L->K / 64) * 16 * 4);
+#pragma omp parallel
+    {
+        if (L->kind != W_F32) quantize_acts(x, M, L->K, L->kind == W_Q4 ? L->group : L->K, &a);
+        if (L->kind == W_Q8) {
+#pragma omp single
+            head_corrections(&a, M, corr);
+        }
+        linear(L, M, x, &a, corr, y);
     }
-    linear(L, M, x, &a, corr, y);
     std::free(a.q); std::free(a.d); std::free(a.gsum); std::free(corr);
     return 0;
 }
@@ -610,7 +725,8 @@ extern "C" int parley_linear(const Lin* L, int M, const float* x, float* y) {
 extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const int64_t* tokens, const int64_t* positions,
                    int last_only, float* logits) {
     const int dim = md->dim, H = md->n_heads, KVH = md->n_kv_heads, D = md->head_dim, I = md->inter;
-    const int QKV = (H + 2 * KVH) * D, maxK = I > dim ? I : dim;
+    const int QKV = (H + 2 * KVH) * D;
+    const int maxK = std::max(std::max(I, dim), H * D);
     if (g_threads > 0) omp_set_num_threads(g_threads);
     for (int m = 0; m < M; m++)
         if (positions[m] < 0 || positions[m] >= cache->max_len || positions[m] >= md->max_pos) return -1;
@@ -630,15 +746,29 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
     const float scale = 1.0f / std::sqrt((float)D);
 
     for (int m = 0; m < M; m++) std::memcpy(x + (size_t)m * dim, md->embed + (size_t)tokens[m] * dim, dim * 4);
+    const int first = last_only ? M - 1 : 0, rows = M - first;
+    int32_t* corr = (int32_t*)scratch((size_t)rows * (dim / 64) * 16 * 4);
+    const int G = H / KVH;
 
+    // One parallel region for the whole pass: each step below splits its rows / columns / heads over the
+    // threads and ends at the barrier of its `omp for`.
+#pragma omp parallel
     for (int l = 0; l < md->n_layers; l++) {
         const Layer* L = md->layers + l;
         const KV* kv = cache->layers + l;
-        for (int m = 0; m < M; m++) rmsnorm_row(x + (size_t)m * dim, L->attn_norm, xn + (size_t)m * dim, dim, md->eps);
-        if (L->qkv.kind != W_F32) quantize_acts(xn, M, dim, L->qkv.group, &a);
+        if (L->qkv.kind != W_F32) { a.K = dim; a.G = L->qkv.group; }
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; m++) {  // (the previous layer's residual) + norm + activation quantization
+            float* xr = x + (size_t)m * dim;
+            if (l > 0) for (int i = 0; i < dim; i++) xr[i] += tmp[(size_t)m * dim + i];
+            rmsnorm_row(xr, L->attn_norm, xn + (size_t)m * dim, dim, md->eps);
+            if (L->qkv.kind != W_F32)
+                quantize_row(xn + (size_t)m * dim, dim, L->qkv.group, a.q + (size_t)m * dim,
+                             a.d + (size_t)m * (dim / 64) * 16, a.gsum + (size_t)m * (dim / L->qkv.group));
+        }
         linear(&L->qkv, M, xn, &a, nullptr, qkv);
-        // per position: q/k norm (qwen3), rotary, then the new K/V into the cache
-        for (int m = 0; m < M; m++) {
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; m++) {  // q/k norm (qwen3), rotary, then the new K/V into the cache
             float* row = qkv + (size_t)m * QKV;
             const int p = (int)positions[m];
             const float* cs = md->rope_cos + (size_t)p * (D / 2);
@@ -651,8 +781,7 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
             for (int h = 0; h < KVH; h++)
                 kv_write(cache, kv, h, p, D, row + (H + h) * D, row + (H + KVH + h) * D);
         }
-        const int G = H / KVH;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < M * KVH; t++) {
             const int m = t / KVH, h = t % KVH, tid = omp_get_thread_num();
             attend(cache, kv, h, (int)positions[m], D, G, qkv + (size_t)m * QKV + h * G * D, scale,
@@ -661,27 +790,41 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
         }
         if (L->o.kind != W_F32) quantize_acts(att, M, H * D, L->o.group, &a);
         linear(&L->o, M, att, &a, nullptr, tmp);
-        for (size_t i = 0; i < (size_t)M * dim; i++) x[i] += tmp[i];
-
-        for (int m = 0; m < M; m++) rmsnorm_row(x + (size_t)m * dim, L->ffn_norm, xn + (size_t)m * dim, dim, md->eps);
-        if (L->gate_up.kind != W_F32) quantize_acts(xn, M, dim, L->gate_up.group, &a);
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; m++) {
+            float* xr = x + (size_t)m * dim;
+            for (int i = 0; i < dim; i++) xr[i] += tmp[(size_t)m * dim + i];
+            rmsnorm_row(xr, L->ffn_norm, xn + (size_t)m * dim, dim, md->eps);
+            if (L->gate_up.kind != W_F32)
+                quantize_row(xn + (size_t)m * dim, dim, L->gate_up.group, a.q + (size_t)m * dim,
+                             a.d + (size_t)m * (dim / 64) * 16, a.gsum + (size_t)m * (dim / L->gate_up.group));
+        }
+        if (L->gate_up.kind != W_F32) { a.K = dim; a.G = L->gate_up.group; }
         linear(&L->gate_up, M, xn, &a, nullptr, gu);
-        // SiLU(gate) * up, undoing the 16-column interleave into xn [M][I]
-        for (int m = 0; m < M; m++) silu_mul_row(gu + (size_t)m * 2 * I, I, xn + (size_t)m * I);
-        if (L->down.kind != W_F32) quantize_acts(xn, M, I, L->down.group, &a);
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; m++) {  // SiLU(gate) * up, undoing the 16-column interleave, then quantized
+            silu_mul_row(gu + (size_t)m * 2 * I, I, xn + (size_t)m * I);
+            if (L->down.kind != W_F32)
+                quantize_row(xn + (size_t)m * I, I, L->down.group, a.q + (size_t)m * I,
+                             a.d + (size_t)m * (I / 64) * 16, a.gsum + (size_t)m * (I / L->down.group));
+        }
+        if (L->down.kind != W_F32) { a.K = I; a.G = L->down.group; }
         linear(&L->down, M, xn, &a, nullptr, tmp);
-        for (size_t i = 0; i < (size_t)M * dim; i++) x[i] += tmp[i];
     }
-    const int first = last_only ? M - 1 : 0, rows = M - first;
-    for (int m = first; m < M; m++)
-        rmsnorm_row(x + (size_t)m * dim, md->final_norm, xn + (size_t)(m - first) * dim, dim, md->eps);
-    int32_t* corr = nullptr;
-    if (md->head.kind == W_Q8) {
-        quantize_acts(xn, rows, dim, dim, &a);
-        corr = (int32_t*)scratch((size_t)rows * (dim / 64) * 16 * 4);
-        head_corrections(&a, rows, corr);
+    for (int m = first; m < M; m++) {
+        float* xr = x + (size_t)m * dim;
+        for (int i = 0; i < dim; i++) xr[i] += tmp[(size_t)m * dim + i];
+        rmsnorm_row(xr, md->final_norm, xn + (size_t)(m - first) * dim, dim, md->eps);
     }
-    linear(&md->head, rows, xn, &a, corr, logits);
+#pragma omp parallel
+    {
+        if (md->head.kind == W_Q8) {
+            quantize_acts(xn, rows, dim, dim, &a);
+#pragma omp single
+            head_corrections(&a, rows, corr);
+        }
+        linear(&md->head, rows, xn, &a, corr, logits);
+    }
     std::free(corr);
     std::free(x); std::free(xn); std::free(qkv); std::free(att); std::free(gu); std::free(tmp);
     std::free(a.q); std::free(a.d); std::free(a.gsum); std::free(att_scores); std::free(att_buf);

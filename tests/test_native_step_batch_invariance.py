@@ -1,0 +1,129 @@
+"""The native CPU step is batch invariant, reads every KV cache type, and computes the model's function.
+
+Batch invariance is what makes speculative greedy decoding equal plain greedy decoding without tie
+allowances: a position's logits must not depend on how many positions share its pass, nor on how the
+earlier positions' keys and values were computed. Checked bitwise, for INT4 and fp32 weights and every
+cache type, on a small random model with real head sizes (64) and grouped-query attention.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from parley.kernels import native
+from parley.models.config import ModelConfig
+from parley.models.native_step import attach
+from parley.models.quantize.int4_linear import Int4Linear, decoder_linears
+from parley.models.transformer import KV_CACHE_TYPES, Transformer
+
+pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native step unavailable: {native.why_unavailable()}")
+
+
+def small_model(int4: bool, seed: int = 0, qkv_bias: bool = False) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(arch="qwen2" if qkv_bias else "llama", vocab_size=300, dim=128, n_layers=2, n_heads=6,
+                      n_kv_heads=2, head_dim=64, intermediate_size=256, max_seq_len=600, qkv_bias=qkv_bias)
+    model = Transformer(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.08)
+        for block in model.layers:
+            block.input_layernorm.weight.fill_(1.0)
+            block.post_attention_layernorm.weight.fill_(1.0)
+        model.norm.weight.fill_(1.0)
+    if int4:
+        for parent, name, lin in decoder_linears(model):
+            setattr(parent, name, Int4Linear.from_linear(lin, 64))
+    return model
+
+
+def logits_in_chunks(model: Transformer, ids: list[int], chunks: list[int], kind: str) -> torch.Tensor:
+    """Run `ids` through a fresh cache in passes of the given sizes; logits of every position."""
+    cache = model.new_cache(600, kind=kind)
+    out, start = [], 0
+    with torch.inference_mode():
+        for n in chunks:
+            t = torch.tensor([ids[start : start + n]])
+            pos = torch.arange(start, start + n)[None]
+            out.append(model(t, pos, cache)[0])
+            start += n
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("kind", KV_CACHE_TYPES)
+@pytest.mark.parametrize("int4", [True, False])
+def test_logits_do_not_depend_on_pass_lengths(kind: str, int4: bool) -> None:
+    seed = 11 + int4
+    rng = random.Random(seed)
+    model = small_model(int4, seed)
+    assert attach(model, head_bits=8 if int4 else 32) is None
+    ids = [rng.randrange(300) for _ in range(300)]  # crosses the 256-slot bucket edge
+    whole = logits_in_chunks(model, ids, [300], kind)
+    ones = logits_in_chunks(model, ids, [1] * 300, kind)
+    sizes: list[int] = []
+    while sum(sizes) < 300:
+        sizes.append(min(rng.randint(1, 17), 300 - sum(sizes)))
+    mixed = logits_in_chunks(model, ids, sizes, kind)
+    assert torch.equal(whole, ones), f"seed={seed}: 1-token passes differ from one 300-token pass"
+    assert torch.equal(whole, mixed), f"seed={seed}: passes of {sizes} differ from one pass"
+
+
+def test_rollback_then_recompute_is_bitwise_the_same() -> None:
+    """Rejected speculative positions are overwritten: recomputing after a rollback gives the same logits."""
+    model = small_model(True, 5)
+    attach(model)
+    for kind in KV_CACHE_TYPES:
+        cache = model.new_cache(600, kind=kind)
+        with torch.inference_mode():
+            model(torch.tensor([list(range(40))]), torch.arange(40)[None], cache)
+            bad = model(torch.tensor([[7, 8, 9, 10]]), torch.arange(40, 44)[None], cache)  # "rejected"
+            cache.truncate(40)
+            good = model(torch.tensor([[11, 12]]), torch.arange(40, 42)[None], cache)[0]
+        fresh = logits_in_chunks(model, list(range(40)) + [11, 12], [42], kind)[-2:]
+        assert torch.equal(good, fresh), kind
+        assert not torch.equal(bad[0, :2], good)
+
+
+@pytest.mark.parametrize("qkv_bias", [False, True])
+def test_fp32_native_step_equals_the_pytorch_forward(qkv_bias: bool) -> None:
+    model = small_model(False, 3, qkv_bias)
+    ids = list(range(1, 70))
+    ref = logits_in_chunks(model, ids, [69], "fp")
+    assert attach(model, head_bits=32) is None
+    got = logits_in_chunks(model, ids, [30, 39], "fp")
+    assert (got - ref).abs().max().item() < 1e-4 * ref.abs().max().item()
+
+
+def test_int4_native_step_is_close_to_the_pytorch_forward() -> None:
+    """The native INT4 step also quantizes activations to 8 bits; the function stays the model's."""
+    model = small_model(True, 4)
+    ids = list(range(1, 70))
+    ref = logits_in_chunks(model, ids, [69], "fp")
+    attach(model, head_bits=8)
+    got = logits_in_chunks(model, ids, [69], "fp")
+    rel = ((got - ref).norm() / ref.norm()).item()
+    assert rel < 0.05, rel
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int8", "k8v4"])
+def test_quantized_caches_hold_what_the_pytorch_path_would_store(kind: str) -> None:
+    """Native writes and the PyTorch path's writes of the same keys/values agree to their storage precision,
+    and attention over them gives nearly the fp cache's logits."""
+    model = small_model(False, 6)
+    ids = list(range(1, 50))
+    ref_cache = model.new_cache(600, kind=kind)
+    with torch.inference_mode():
+        ref = model(torch.tensor([ids]), torch.arange(49)[None], ref_cache)[0]
+    attach(model, head_bits=32)
+    cache = model.new_cache(600, kind=kind)
+    with torch.inference_mode():
+        got = model(torch.tensor([ids]), torch.arange(49)[None], cache)[0]
+    k_ref, k = ref_cache.k[..., :49, :], cache.k[..., :49, :]
+    v_ref, v = ref_cache.v[..., :49, :], cache.v[..., :49, :]
+    step = {"bf16": 0.01, "int8": 0.02, "k8v4": 0.15}[kind]  # a storage step of these magnitudes, and some
+    assert (k - k_ref).abs().max() < step * k_ref.abs().max()
+    assert (v - v_ref).abs().max() < step * v_ref.abs().max()
+    assert ((got - ref).norm() / ref.norm()).item() < 0.05
