@@ -1,14 +1,23 @@
-"""Prefill and decode tokens/s of the engine (fp32 and INT4), next to transformers' generate, in one run."""
+"""Decode and prefill speed against the machine's own limit: bytes read per token, GB/s, % of bandwidth.
+
+One run measures the machine's read bandwidth, then each engine variant (weights × KV cache type × path):
+prefill tokens/s, decode tokens/s at each requested depth, the bytes a decode token reads (weights + the
+KV cache actually attended), the GB/s that implies and its share of the measured bandwidth. Optional: the
+same decode with N busy-loop processes beside it (`--background-load`), and peak RSS at a long context per
+cache type (each in its own process, since peak RSS only grows).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
+import subprocess
+import sys
 import time
 
-import torch
-
-from .peak_memory import peak_memory
+from .bench_random import RANDOM_SHAPES
 
 PROMPT = ("Write a detailed, friendly explanation of how rainbows form, covering refraction, reflection "
           "and dispersion of sunlight in water droplets, and why the colours always appear in the same order.")
@@ -16,175 +25,225 @@ PROMPT = ("Write a detailed, friendly explanation of how rainbows form, covering
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model ref (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--quant", default="none,awq,awq+compile",
-                   help="comma-separated engine variants to measure: none (fp32/bf16 weights), awq (INT4); "
-                        "+compile adds torch.compile of the decode step")
+    p.add_argument("--quant", default="awq", help="comma-separated weights to measure: awq (INT4, default), none")
+    p.add_argument("--kv-cache", default="auto",
+                   help="comma-separated KV cache types: auto (the engine's default), fp, bf16, int8, k8v4")
+    p.add_argument("--path", default="native",
+                   help="comma-separated CPU paths: native (the default step), torch (the PyTorch fallback)")
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--prefill-tokens", type=int, default=512)
+    p.add_argument("--prefill-tokens", type=int, default=512, help="tokens in the prefill measurement")
+    p.add_argument("--depths", default="0",
+                   help="comma-separated context depths to decode at (0 = a short chat prompt), e.g. 0,1900,8000")
     p.add_argument("--repeats", type=int, default=3, help="median of this many runs")
-    p.add_argument("--no-transformers", action="store_true", help="skip the transformers reference")
+    p.add_argument("--background-load", type=int, default=0, metavar="N",
+                   help="also decode with N busy-loop processes running, and report the ratio to quiet")
+    p.add_argument("--memory-at", type=int, default=0, metavar="TOKENS",
+                   help="peak RSS with this many tokens of context, per cache type (one process each)")
     p.add_argument("--device", default=None)
     p.add_argument("--random", choices=sorted(RANDOM_SHAPES), default=None,
                    help="random weights of this shape instead of --model (GPU figures for a 7B-shaped model)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None, help="threads (default: automatic)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-# Random weights of real shapes: GPU speed is measured on these (no real 7B model can be brought here).
-RANDOM_SHAPES = {
-    "7b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, intermediate_size=11008),
-    "small": dict(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=512),  # for tests
-}
-
-
-def random_engine(shape: str, quant: str, device: str | None, compile: bool):
-    """An engine over random weights of a named shape, with the embedded model's tokenizer. `awq` here is
-    round-to-nearest INT4 of the random weights: the same layout, kernels and bytes as a real AWQ model."""
-    from ..engine.engine import Engine, default_device
-    from ..models.config import ModelConfig
-    from ..models.quantize.head import FastHead
-    from ..models.quantize.int4_linear import Int4Linear, decoder_linears
-    from ..models.resolve import resolve
-    from ..models.tokenizer import load_tokenizer
-    from ..models.transformer import Transformer
-    from ..models.transposed_linear import transpose_linears
-
-    dev = torch.device(device) if device else default_device()
-    tokenizer = load_tokenizer(resolve(None))
-    config = ModelConfig(arch="llama", vocab_size=tokenizer.vocab_size, max_seq_len=4096, **RANDOM_SHAPES[shape])
-    with torch.device(dev):
-        model = Transformer(config).to(torch.bfloat16 if dev.type == "cuda" else torch.float32).eval()
-    if quant == "awq":
-        for parent, name, linear in decoder_linears(model):
-            setattr(parent, name, Int4Linear.from_linear(linear, 128))
-        model.lm_head = FastHead(model.lm_head.weight)
-    elif dev.type == "cpu":
-        transpose_linears(model)
-    return Engine(model, tokenizer, name=f"random-{shape}", quantization="rtn-int4" if quant == "awq" else "none",
-                  context_window=4096, compile=compile)
 
 
 def _median(xs: list[float]) -> float:
     return sorted(xs)[len(xs) // 2]
 
 
-def measure_engine(engine, prompt_ids: list[int], prefill_tokens: int, new_tokens: int, repeats: int) -> dict:
-    """Greedy decode with the engine's own verbs: no speculation, no stop tokens, so every run
-    decodes exactly `new_tokens` tokens."""
-    filler = (prompt_ids * (prefill_tokens // len(prompt_ids) + 1))[:prefill_tokens]
-    prefill, decode = [], []
-    for _ in range(repeats + 1):  # the first run warms up (allocations, compilation)
-        engine.reset_cache()
-        t = time.perf_counter()
-        engine.prefill(filler)
-        prefill.append(prefill_tokens / (time.perf_counter() - t))
+def read_bandwidth_gbs(mb: int = 512, repeats: int = 5) -> float:
+    """The machine's read bandwidth as a multi-threaded sum over a buffer far larger than the caches."""
+    import torch
 
+    x = torch.ones(mb * 2**20 // 4, dtype=torch.float32)
+    best = 0.0
+    for _ in range(repeats):
+        t = time.perf_counter()
+        x.sum()
+        best = max(best, x.numel() * 4 / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def weight_bytes_per_token(engine) -> int:
+    """Bytes of weights a decode step reads: every decoder and head weight, plus one embedding row."""
+    model = engine.model
+    if model.native is not None:
+        keep = model.native.keep
+        total = sum(t.numel() * t.element_size() for t in keep)
+        rope = 2 * model.config.max_seq_len * model.config.head_dim // 2 * 4  # tables: one row read per token
+        return total - rope + model.config.dim * 4
+    total = 0
+    seen: set[int] = set()
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if name.startswith("embed_tokens") or id(t) in seen or name == "inv_freq":
+            continue
+        seen.add(id(t))
+        total += t.numel() * t.element_size()
+    head = model.lm_head
+    prepared = getattr(head, "prepared", None)
+    for attr in ("weight", "scales"):
+        t = getattr(prepared, attr, None)
+        if t is not None:
+            total += t.numel() * t.element_size()
+    return total + model.config.dim * 4
+
+
+def _busy() -> None:
+    while True:
+        pass
+
+
+class BackgroundLoad:
+    """N processes spinning on a core each, for as long as the `with` block runs."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.procs = n, []
+
+    def __enter__(self) -> BackgroundLoad:
+        ctx = multiprocessing.get_context("spawn")
+        self.procs = [ctx.Process(target=_busy, daemon=True) for _ in range(self.n)]
+        for p in self.procs:
+            p.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            p.join()
+
+
+def decode_rate(engine, prompt_ids: list[int], depth: int, new_tokens: int, repeats: int) -> float:
+    """Greedy decode with the engine's own verbs (no speculation, no stop tokens) after `depth` tokens."""
+    ctx = (prompt_ids * (depth // max(1, len(prompt_ids)) + 1))[:depth] if depth else prompt_ids
+    rates = []
+    for _ in range(repeats + 1):  # the first run warms up
         engine.reset_cache()
-        engine.prefill(prompt_ids[:-1])
-        tok = prompt_ids[-1]
+        engine.prefill(ctx[:-1])
+        tok = ctx[-1]
         t = time.perf_counter()
         for _ in range(new_tokens):
             logits = engine.forward([tok])
             engine.commit([tok])
             tok = int(logits[-1].argmax())
-        decode.append(new_tokens / (time.perf_counter() - t))
-    return {"prefill_tok_s": _median(prefill[1:]), "decode_tok_s": _median(decode[1:])}
+        rates.append(new_tokens / (time.perf_counter() - t))
+    return _median(rates[1:])
 
 
-def measure_transformers(files, prompt_ids: list[int], new_tokens: int, repeats: int) -> dict | None:
-    try:
-        import transformers
-    except ImportError:
-        return None
-    path = files.path
-    kw = {"gguf_file": path.name} if files.kind == "gguf" else {}
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent if files.kind == "gguf" else path), dtype=torch.float32, **kw).eval()
-    ids = torch.tensor([prompt_ids])
+def prefill_rate(engine, prompt_ids: list[int], tokens: int, repeats: int) -> float:
+    filler = (prompt_ids * (tokens // len(prompt_ids) + 1))[:tokens]
     rates = []
-    with torch.inference_mode():
-        for _ in range(repeats + 1):
-            t = time.perf_counter()
-            model.generate(ids, max_new_tokens=1, do_sample=False)
-            one = time.perf_counter() - t
-            t = time.perf_counter()
-            model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-            rates.append((new_tokens - 1) / (time.perf_counter() - t - one))
-    return {"decode_tok_s": _median(rates[1:])}
+    for _ in range(repeats + 1):
+        engine.reset_cache()
+        t = time.perf_counter()
+        engine.prefill(filler)
+        rates.append(tokens / (time.perf_counter() - t))
+    return _median(rates[1:])
+
+
+def load_engine(args: argparse.Namespace, quant: str, kv: str, path: str):
+    from ..engine.engine import Engine
+
+    if path == "torch":
+        os.environ["PARLEY_NATIVE"] = "0"  # read at attach time; restored below
+    try:
+        if args.random:
+            from .bench_random import random_engine
+
+            return random_engine(args.random, quant, args.device, kv_cache=kv)
+        return Engine.load(args.model, quant=quant, device=args.device, kv_cache=None if kv == "auto" else kv,
+                           threads=args.threads)
+    finally:
+        os.environ.pop("PARLEY_NATIVE", None)
+
+
+def memory_at(args: argparse.Namespace, quant: str, kv: str, tokens: int) -> dict:
+    """Peak RSS of a fresh process that holds `tokens` of context in a `kv` cache and decodes a few tokens."""
+    cmd = [sys.executable, "-m", "parley.app.cli", "bench", "decode", "--quant", quant, "--kv-cache", kv,
+           "--depths", str(tokens), "--new-tokens", "4", "--repeats", "1", "--prefill-tokens", "16", "--json"]
+    if args.model:
+        cmd += ["--model", args.model]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"error": (r.stderr or r.stdout).strip()[-300:]}
+    v = next(iter(out["engines"].values()))
+    return {"peak_rss_mb": out["peak_rss_mb"], "kv_cache_mb": v.get("kv_cache_mb"), **(
+        {"peak_gpu_mb": out["peak_gpu_mb"]} if "peak_gpu_mb" in out else {})}
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..engine.engine import Engine
-    from ..models.resolve import resolve
+    from ..engine.threads import configure_threads
+    from .peak_memory import peak_memory
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    results: dict = {"model": None, "threads": torch.get_num_threads(), "new_tokens": args.new_tokens,
-                     "prefill_tokens": args.prefill_tokens, "engines": {}}
-    base = None
-    for variant in [q.strip() for q in args.quant.split(",") if q.strip()]:
-        quant, _, extra = variant.partition("+")
-        try:
-            t = time.perf_counter()
-            if args.random:
-                engine = random_engine(args.random, quant, args.device, extra == "compile")
-            else:
-                engine = Engine.load(args.model, quant=quant, device=args.device, compile=extra == "compile")
-            if extra == "compile":  # compile now, outside the timed runs, for one token and for a few
-                engine.prefill([0, 1])
-                engine.forward([2])
-                engine.forward([2, 3])
-            load_s = time.perf_counter() - t
-        except Exception as e:  # e.g. INT4 path not available: report, keep measuring the rest
-            results["engines"][variant] = {"error": f"{type(e).__name__}: {e}"}
-            continue
-        results["model"] = engine.model_name
-        ids = engine.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
-        r = measure_engine(engine, ids, args.prefill_tokens, args.new_tokens, args.repeats)
-        r["dtype"] = str(engine.model.norm.weight.dtype).removeprefix("torch.")
-        r["quantization"] = engine.quantization
-        r["load_s"] = round(load_s, 1)
-        results["engines"][variant] = r
-        base = base or r
-        del engine
-    if not args.no_transformers and not args.random:
-        files = resolve(args.model)
-        ids_engine = None
-        try:
-            from ..models.tokenizer import load_tokenizer
-
-            ids_engine = load_tokenizer(files).encode_chat([{"role": "user", "content": PROMPT}])
-            ref = measure_transformers(files, ids_engine, args.new_tokens, args.repeats)
-        except Exception as e:
-            ref = {"error": f"{type(e).__name__}: {e}"}
-        if ref is not None:
-            results["transformers_fp32"] = ref
-    if base and "decode_tok_s" in results.get("transformers_fp32", {}):
-        for r in results["engines"].values():
-            if "decode_tok_s" in r:
-                r["decode_vs_transformers"] = round(r["decode_tok_s"] / results["transformers_fp32"]["decode_tok_s"], 2)
-    fp = results["engines"].get("none", {})
-    for r in results["engines"].values():
-        if "decode_tok_s" in r and "decode_tok_s" in fp:
-            r["decode_vs_fp"] = round(r["decode_tok_s"] / fp["decode_tok_s"], 2)
+    threads = configure_threads(args.threads)
+    depths = [int(d) for d in args.depths.split(",") if d.strip()]
+    bandwidth = read_bandwidth_gbs()
+    results: dict = {"model": None, "threads": threads, "new_tokens": args.new_tokens,
+                     "prefill_tokens": args.prefill_tokens, "read_bandwidth_gbs": round(bandwidth, 1), "engines": {}}
+    for quant in [q.strip() for q in args.quant.split(",") if q.strip()]:
+        for path in [p.strip() for p in args.path.split(",") if p.strip()]:
+            for kv in [k.strip() for k in args.kv_cache.split(",") if k.strip()]:
+                name = f"{quant}/{path}/kv={kv}"
+                try:
+                    t = time.perf_counter()
+                    engine = load_engine(args, quant, kv, path)
+                    load_s = time.perf_counter() - t
+                except Exception as e:  # report, keep measuring the rest
+                    results["engines"][name] = {"error": f"{type(e).__name__}: {e}"}
+                    continue
+                results["model"] = engine.model_name
+                ids = engine.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
+                wbytes = weight_bytes_per_token(engine)
+                kv_pos = engine.cache.bytes_per_position()
+                r: dict = {"path": "native" if engine.model.native is not None else "torch",
+                           "quantization": engine.quantization, "kv_cache": engine.kv_cache,
+                           "load_s": round(load_s, 1), "weight_mb_per_token": round(wbytes / 1e6, 1),
+                           "kv_cache_mb": round(kv_pos * engine.cache.max_len / 1e6, 1)}
+                if args.prefill_tokens:
+                    r["prefill_tok_s"] = round(prefill_rate(engine, ids, args.prefill_tokens, args.repeats), 1)
+                r["decode"] = []
+                for depth in depths:
+                    rate = decode_rate(engine, ids, depth, args.new_tokens, args.repeats)
+                    ctx = (depth or len(ids)) + args.new_tokens // 2  # mean positions attended per token
+                    per_token = wbytes + kv_pos * ctx
+                    r["decode"].append({
+                        "depth": depth, "tok_s": round(rate, 1), "kv_mb_per_token": round(kv_pos * ctx / 1e6, 2),
+                        "mb_per_token": round(per_token / 1e6, 1), "gb_s": round(per_token * rate / 1e9, 1),
+                        "pct_of_bandwidth": round(100 * per_token * rate / 1e9 / bandwidth, 1)})
+                if args.background_load:
+                    with BackgroundLoad(args.background_load):
+                        busy = decode_rate(engine, ids, depths[0], args.new_tokens, args.repeats)
+                    r["busy"] = {"processes": args.background_load, "tok_s": round(busy, 1),
+                                 "vs_quiet": round(busy / r["decode"][0]["tok_s"], 2)}
+                results["engines"][name] = r
+                del engine
+    if args.memory_at:
+        results["memory_at"] = {"tokens": args.memory_at, "by_cache": {}}
+        for kv in ("fp", "bf16", "int8", "k8v4"):
+            results["memory_at"]["by_cache"][kv] = memory_at(args, args.quant.split(",")[0], kv, args.memory_at)
     results.update(peak_memory())
 
     if args.json:
         print(json.dumps(results))
         return 0
-    print(f"model: {results['model']}  threads: {results['threads']}  "
-          f"prefill {args.prefill_tokens} tokens, decode {args.new_tokens} tokens (median of {args.repeats})")
+    print(f"model: {results['model']}  threads: {threads}  read bandwidth {results['read_bandwidth_gbs']} GB/s  "
+          f"(decode {args.new_tokens} tokens, median of {args.repeats})")
     for name, r in results["engines"].items():
         if "error" in r:
-            print(f"  parley {name:<12} unavailable: {r['error']}")
+            print(f"  {name:<24} unavailable: {r['error']}")
             continue
-        extra = "".join(f"  {k}={r[k]}x" for k in ("decode_vs_fp", "decode_vs_transformers") if k in r)
-        print(f"  parley {name:<12} ({r['dtype']}, {r['quantization']}): prefill {r['prefill_tok_s']:7.1f} tok/s  "
-              f"decode {r['decode_tok_s']:6.1f} tok/s{extra}  (load {r['load_s']} s)")
-    if "transformers_fp32" in results:
-        r = results["transformers_fp32"]
-        print("  transformers fp32 generate: " + (f"decode {r['decode_tok_s']:6.1f} tok/s" if "decode_tok_s" in r
-                                                 else r["error"]))
+        pre = f"prefill {r['prefill_tok_s']:7.1f} tok/s  " if "prefill_tok_s" in r else ""
+        print(f"  {name:<24} [{r['path']}] {pre}weights {r['weight_mb_per_token']} MB/token (load {r['load_s']} s)")
+        for d in r["decode"]:
+            print(f"      decode at depth {d['depth']:>5}: {d['tok_s']:7.1f} tok/s  {d['mb_per_token']:6.1f} MB/token "
+                  f"(KV {d['kv_mb_per_token']})  {d['gb_s']:5.1f} GB/s = {d['pct_of_bandwidth']}% of bandwidth")
+        if "busy" in r:
+            b = r["busy"]
+            print(f"      with {b['processes']} busy process(es): {b['tok_s']} tok/s = {b['vs_quiet']}x quiet")
+    for kv, m in results.get("memory_at", {}).get("by_cache", {}).items():
+        figures = f"peak RSS {m['peak_rss_mb']} MB, cache {m['kv_cache_mb']} MB" if "error" not in m else m["error"]
+        print(f"  at {args.memory_at} tokens, kv={kv}: {figures}")
     print(f"  peak RSS {results['peak_rss_mb']} MB" + (f", peak GPU {results['peak_gpu_mb']} MB"
                                                         if "peak_gpu_mb" in results else ""))
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -14,6 +15,7 @@ from .prefix import common_prefix
 from .protocol import Capabilities
 from .session import Session
 from .speculative import Drafter, PromptLookup
+from .threads import ThreadTuner
 
 PREFILL_CHUNK = 512  # long pastes prefill in pieces so activation memory stays bounded
 WINDOW_BUCKET = 256  # attention reads the cache up to the next multiple of this
@@ -59,6 +61,7 @@ class Engine:
         self.cache = model.new_cache(self.context_window, kind=kv_cache)
         self.cached_ids: list[int] = []
         self.prompt_lookup = PromptLookup()
+        self.tuner = ThreadTuner()
         self.draft = draft
 
     @classmethod
@@ -147,7 +150,13 @@ class Engine:
         ids = torch.tensor([tokens], device=self.device)
         pos = torch.arange(start, end, device=self.device)[None]
         model = self.model if last_only else self.step
-        return model(ids, pos, self.cache, last_only, window)[0]
+        if last_only or len(tokens) > 32:
+            return model(ids, pos, self.cache, last_only, window)[0]
+        n = self.tuner.before_step()  # decode and verification steps: keep the faster thread count
+        t = time.perf_counter()
+        out = model(ids, pos, self.cache, last_only, window)[0]
+        self.tuner.after_step(n, time.perf_counter() - t, len(tokens))
+        return out
 
     def commit(self, tokens: list[int]) -> None:
         """Claim the KV just computed for `tokens` (a prefix of the last forward's input)."""

@@ -78,9 +78,12 @@ def _cpu_flags() -> str:
 
 
 def cache_dir() -> Path:
+    """PARLEY_NATIVE_DIR, else native/ in the Parley cache (PARLEY_CACHE_DIR or the platform's cache dir)."""
     from platformdirs import user_cache_dir
 
-    return Path(os.environ.get("PARLEY_NATIVE_DIR") or Path(user_cache_dir("parley")) / "native")
+    if os.environ.get("PARLEY_NATIVE_DIR"):
+        return Path(os.environ["PARLEY_NATIVE_DIR"])
+    return Path(os.environ.get("PARLEY_CACHE_DIR") or user_cache_dir("parley")) / "native"
 
 
 def library_path() -> Path:

@@ -10,6 +10,7 @@ Every position is computed by the same arithmetic whatever the pass length, so l
 from __future__ import annotations
 
 import ctypes
+import os
 
 import torch
 from torch import Tensor, nn
@@ -140,6 +141,8 @@ class NativeStep:
 
 def attach(model: Transformer, head_bits: int = 8) -> str | None:
     """Attach the native step to a CPU model; returns None on success, else why it runs on PyTorch."""
+    if os.environ.get("PARLEY_NATIVE", "1") == "0":
+        return "PARLEY_NATIVE=0"
     if model.norm.weight.device.type != "cpu" or model.norm.weight.dtype != torch.float32:
         return "the native step runs fp32 models on the CPU"
     lib = native.load()

@@ -1,0 +1,38 @@
+"""Random weights of real shapes, for speed figures where no real model of that size can be brought."""
+
+from __future__ import annotations
+
+RANDOM_SHAPES = {
+    "7b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, intermediate_size=11008),
+    "small": dict(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=512),  # for tests
+}
+
+
+def random_engine(shape: str, quant: str, device: str | None, kv_cache: str = "auto"):
+    """An engine over random weights of a named shape, with the embedded model's tokenizer. `awq` here is
+    round-to-nearest INT4 of the random weights: the same layout, kernels and bytes as a real AWQ model."""
+    import torch
+
+    from ..engine.engine import Engine, default_device, resolve_kv_cache
+    from ..models.config import ModelConfig
+    from ..models.native_step import attach
+    from ..models.quantize.head import FastHead
+    from ..models.quantize.int4_linear import Int4Linear, decoder_linears
+    from ..models.resolve import resolve
+    from ..models.tokenizer import load_tokenizer
+    from ..models.transformer import Transformer
+
+    dev = torch.device(device) if device else default_device()
+    tokenizer = load_tokenizer(resolve(None))
+    config = ModelConfig(arch="llama", vocab_size=tokenizer.vocab_size, max_seq_len=4096, **RANDOM_SHAPES[shape])
+    with torch.device(dev):
+        model = Transformer(config).to(torch.bfloat16 if dev.type == "cuda" else torch.float32).eval()
+    if quant == "awq":
+        for parent, name, linear in decoder_linears(model):
+            setattr(parent, name, Int4Linear.from_linear(linear, 128))
+    if dev.type == "cpu":
+        attach(model, head_bits=8 if quant == "awq" else 32)
+    if model.native is None and quant == "awq":
+        model.lm_head = FastHead(model.lm_head.weight)
+    return Engine(model, tokenizer, name=f"random-{shape}", quantization="rtn-int4" if quant == "awq" else "none",
+                  context_window=4096, kv_cache=resolve_kv_cache(None if kv_cache == "auto" else kv_cache, dev, model))
