@@ -15,6 +15,7 @@ import math
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -177,9 +178,9 @@ class RemoteEngine:
             body |= {"speculation": params.speculation, "draft_tokens": params.draft_tokens}
         return body
 
-    def open(self, path: str, body: dict[str, Any]) -> httpx.Response:
-        request = self.client.build_request("POST", f"{self.url}{path}", json=body, headers=_auth(self._api_key))
-        return self.client.send(request, stream=True)
+    def open(self, path: str, body: dict[str, Any]) -> AbstractContextManager[httpx.Response]:
+        """A streaming POST; leaving the `with` closes the connection, which stops the server's generation."""
+        return self.client.stream("POST", f"{self.url}{path}", json=body, headers=_auth(self._api_key))
 
 
 class RemoteSession:
