@@ -245,7 +245,7 @@ class RemoteSession:
                     changed = _changed(params, live.snapshot(), eng.server.extra)
                     if changed and finish is None:
                         if "max_new_tokens" in changed and live.max_new_tokens <= figures.new_tokens:
-                            finish = "length"
+                            params, finish = live.snapshot(), "length"  # lowered below what is shown: done
                             break
                         if eng.capabilities.live_params:
                             params, restart = live.snapshot(), True
