@@ -10,6 +10,7 @@ header and, when those are silent, a cheap `GET /api/version` (only Ollama answe
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import threading
@@ -28,7 +29,6 @@ from .protocol import Capabilities
 
 STATS_EVERY_S = 0.5
 DEFAULT_CONTEXT = 4096  # when the server does not say and no --context-window is given
-LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 LIVE_FIELDS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens")  # what a mid-reply change can touch
 
 
@@ -70,9 +70,16 @@ def server_kind(owned_by: str, server_header: str, ollama_version: bool) -> str:
 def insecure_warning(url: str) -> str | None:
     """One line when the API key (and the chat) would cross the network in clear text."""
     parts = urlsplit(url)
-    if parts.scheme == "http" and (parts.hostname or "") not in LOCAL_HOSTS:
+    if parts.scheme == "http" and not _loopback(parts.hostname or ""):
         return f"{parts.scheme}://{parts.hostname} is plain http: the API key and the chat travel unencrypted"
     return None
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def base_url(url: str) -> str:

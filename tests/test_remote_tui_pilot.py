@@ -1,0 +1,44 @@
+"""The chat app over the remote backend: a prompt typed in the TUI streams back from `parley serve`, the status
+bar shows client-measured figures, and the API key never lands in the history database or an export."""
+
+from __future__ import annotations
+
+import pytest
+from app_support import make_app, ready, send, wait_until
+from serve_support import real_engine, running_server
+
+from parley.engine.events import TextDelta
+from parley.engine.params import GenerationParams
+from parley.engine.remote import RemoteEngine
+
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
+
+KEY = "sk-remote-secret-41d2"
+QUESTION = "What is the capital of France?"
+
+
+async def test_tui_chats_with_a_remote_engine(tmp_path):
+    params = GenerationParams(temperature=0.0, max_new_tokens=16)
+    expected = "".join(e.text for e in real_engine().session().reply(
+        [{"role": "user", "content": QUESTION}], GenerationParams(temperature=0.0, max_new_tokens=16))
+        if isinstance(e, TextDelta))
+    with running_server(api_key=KEY) as (server, url):
+        remote = RemoteEngine.connect(url, api_key=KEY)
+        app, _ = make_app(tmp_path, load=lambda progress: remote, params=params)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await ready(app, pilot)
+            await send(app, pilot, QUESTION)
+            await wait_until(lambda: len(app.chat.messages) == 2 and not app.generating, timeout=180)
+            await pilot.pause()
+            reply = app.chat.messages[-1]
+            assert (reply.role, reply.content) == ("assistant", expected)
+            stats = app.status.stats
+            assert stats is not None and stats.new_tokens > 0 and stats.tokens_per_s > 0
+            path = app.export_conversation(app.conversation.id)
+        assert server.finished == ["stop"] or server.finished == ["length"]
+        assert not any(KEY in line for line in server.logged)
+    assert expected in path.read_text()
+    for file in tmp_path.rglob("*"):  # the history database, the export, anything else written
+        if file.is_file():
+            assert KEY.encode() not in file.read_bytes(), file
+    assert KEY not in repr(remote)
