@@ -51,7 +51,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--queue-size {args.queue_size}: expected 0 or a positive integer")
     engine = Engine.load(args.model, quant=args.quant, draft=args.draft, device=args.device,
                          progress=cli.print_progress, compile=args.compile)
-    server = make_server(engine, args.host, args.port, api_key=args.api_key, queue_size=args.queue_size)
+    try:
+        server = make_server(engine, args.host, args.port, api_key=args.api_key, queue_size=args.queue_size)
+    except OSError as e:
+        raise ValueError(f"cannot listen on {args.host}:{args.port} ({e.strerror}); pick another --port") from None
     host, port = server.server_address[:2]
     print(f"parley serve: {engine.model_name} on http://{host}:{port}/v1 "
           f"(queue {args.queue_size}{', API key required' if args.api_key else ''}); Ctrl+C stops", file=sys.stderr)

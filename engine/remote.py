@@ -219,11 +219,14 @@ class RemoteSession:
         figures = _Figures(t0, eng.context_window)
         told_not_live = False
         text = ""  # the reply so far, across requests
+        finish: str | None = None
         while True:
             budget = params.max_new_tokens - figures.new_tokens
+            if budget <= 0:
+                finish = "length"
+                break
             path, body = self._request(messages, text, params, budget)
             restart = False
-            finish: str | None = None
             with eng.open(path, body) as resp:
                 if resp.status_code != 200:
                     resp.read()
