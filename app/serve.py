@@ -28,6 +28,7 @@ from parley.engine.params import SPECULATION_MODES, GenerationParams
 
 DEFAULT_PORT = 8000
 DEFAULT_QUEUE_SIZE = 8
+MAX_BODY = 32 << 20  # bytes: far beyond any context window's worth of text
 OWNED_BY = "parley"  # what GET /v1/models says, so Parley's own client knows which extra fields it may send
 
 
@@ -161,16 +162,23 @@ class Handler(BaseHTTPRequestHandler):
         self._handle(lambda: self._post())
 
     def _handle(self, route: Callable[[], None]) -> None:
+        self._body_read = self.command == "GET"
+        self._streaming = False  # once the SSE headers are out, an error can only end the stream
         try:
             self._authorize()
             route()
         except RequestError as e:
+            if not self._body_read:  # its body is still in the socket: this connection cannot carry another
+                self.close_connection = True
             self._send_json({"error": {"message": str(e), "type": e.kind, "param": e.param, "code": None}},
                             e.status)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         except Exception as e:  # the server outlives anything one request hits
             self.server.log(f"error: {type(e).__name__}: {e}")
+            self.close_connection = True
+            if self._streaming:
+                return
             self._send_json({"error": {"message": f"internal error: {type(e).__name__}: {e}",
                                        "type": "server_error", "param": None, "code": None}}, 500)
 
@@ -200,7 +208,6 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?")[0].rstrip("/")
         chat = path in ("/v1/chat/completions", "/chat/completions")
         if not chat and path not in ("/v1/completions", "/completions"):
-            self._drain()
             raise RequestError(f"no route POST {path}: try /v1/chat/completions or /v1/completions", status=404,
                                kind="not_found_error")
         body = self._read_json()
@@ -288,7 +295,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Connection", "close")  # the body ends when the connection does
         self.end_headers()
-        self.close_connection = True
+        self.close_connection = self._streaming = True
         include_usage = req.include_usage
         header = req.header(chunk=True)
         stats, done = None, Done("error", "no reply")
@@ -347,17 +354,15 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(text.encode())
         self.wfile.flush()
 
-    def _drain(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)
-
     def _read_json(self) -> dict[str, Any]:
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
             raise RequestError("Content-Length is not a number", "Content-Length") from None
+        if length > MAX_BODY:
+            raise RequestError(f"the body is {length} bytes; at most {MAX_BODY} are accepted", "body", status=413)
         raw = self.rfile.read(length) if length else b""
+        self._body_read = True
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:

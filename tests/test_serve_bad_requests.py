@@ -65,4 +65,11 @@ def test_api_key_required_and_never_logged(served):
     with pytest.raises(openai.AuthenticationError) as e:
         client.models.list()
     assert e.value.status_code == 401 and "API key" in e.value.message
+    # A refused request's body is never read: the connection closes, and the next request on a fresh one works.
+    body = {"model": real_engine().model_name, "messages": OK, "max_tokens": 1}
+    with httpx.Client(timeout=300) as keep_alive:
+        assert keep_alive.post(f"{url}/chat/completions", json=body, headers={"Authorization": "Bearer no"}
+                               ).status_code == 401
+        assert keep_alive.post(f"{url}/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}
+                               ).status_code == 200
     assert server.logged and not any(KEY in line for line in server.logged)
