@@ -1,5 +1,6 @@
 """The chat app over the remote backend: a prompt typed in the TUI streams back from `parley serve`, the status
-bar shows client-measured figures, and the API key never lands in the history database or an export."""
+bar shows client-measured figures, regenerate asks again, Esc stops the server's generation, and the API key
+never lands in the history database, an export or the server's log."""
 
 from __future__ import annotations
 
@@ -34,8 +35,20 @@ async def test_tui_chats_with_a_remote_engine(tmp_path):
             assert (reply.role, reply.content) == ("assistant", expected)
             stats = app.status.stats
             assert stats is not None and stats.new_tokens > 0 and stats.tokens_per_s > 0
+            await pilot.press("ctrl+r")  # regenerate: greedy again, so the same reply
+            await wait_until(lambda: len(server.finished) == 2 and not app.generating, timeout=180)
+            await pilot.pause()
+            assert [m.content for m in app.chat.messages] == [QUESTION, expected]
             path = app.export_conversation(app.conversation.id)
-        assert server.finished == ["stop"] or server.finished == ["length"]
+
+            params.max_new_tokens = 400
+            await send(app, pilot, "Now tell me a long story about Paris.")
+            await wait_until(lambda: len(app.chat.messages) == 4 and app.chat.messages[-1].content, timeout=180)
+            await pilot.press("escape")
+            await wait_until(lambda: not app.generating, timeout=60)
+            # Esc closed the stream: the server stops long before its 400 tokens.
+            await wait_until(lambda: len(server.finished) == 3 and not server.queue.busy, timeout=180)
+        assert server.finished[:2] in (["stop", "stop"], ["length", "length"]) and server.finished[2] == "cancelled"
         assert not any(KEY in line for line in server.logged)
     assert expected in path.read_text()
     for file in tmp_path.rglob("*"):  # the history database, the export, anything else written
