@@ -49,9 +49,9 @@ SERVERS = {
     "vllm": Server("vLLM", ("top_k", "min_p", "seed"), True, True),
     "sglang": Server("SGLang", ("top_k", "min_p", "seed"), True, True),
     "llamacpp": Server("llama-server", ("top_k", "min_p", "seed"), False, True, speculation=True),
-    "ollama": Server("Ollama", ("seed",), False, False, note="Ollama's OpenAI endpoint ignores it"),
-    "openai": Server("an OpenAI-compatible server", ("seed",), False, False,
-                     note="the server did not say it accepts it (only the OpenAI fields are sent)"),
+    "ollama": Server("Ollama", ("seed",), False, False, note="its OpenAI endpoint ignores it"),
+    "openai": Server("This server", ("seed",), False, False,
+                     note="not an OpenAI field, and the server did not say it takes it"),
 }
 
 
