@@ -119,7 +119,8 @@ def add_remote_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --server: the context length, when the server does not tell it")
 
 
-def connect_remote(args: argparse.Namespace):
+def connect_remote(args: argparse.Namespace, progress=print_progress):
+    """The remote backend from the flags; ValueError (printed as `parley: error: ...`) says what to fix."""
     from ..engine.remote import RemoteEngine, insecure_warning
 
     api_key = args.api_key or os.environ.get("PARLEY_API_KEY") or os.environ.get("OPENAI_API_KEY")
@@ -131,7 +132,7 @@ def connect_remote(args: argparse.Namespace):
         from ..models.resolve import resolve
         from ..models.tokenizer import load_tokenizer
 
-        tokenizer = load_tokenizer(resolve(args.tokenizer, progress=print_progress))
+        tokenizer = load_tokenizer(resolve(args.tokenizer, progress=progress))
     return RemoteEngine.connect(args.server, api_key=api_key, model=args.model, tokenizer=tokenizer,
                                 context_window=args.context_window)
 
@@ -151,8 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stats", action="store_true", help="print final stats as one JSON line on stderr")
     add_model_arguments(gen)
     add_sampling_arguments(gen)
-
     add_remote_arguments(gen)  # remote (issue 11)
+
     add_module_command(sub, "quantize", "cli_quantize", "AWQ-quantize a model into the Parley cache")
     add_module_command(sub, "serve", "serve", "serve the local engine as an OpenAI-compatible HTTP API")
     bench = sub.add_parser("bench", help="print speed / quality figures")

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
 
     def load(progress):
         if args.server:  # an OpenAI-compatible server instead of the in-process engine
-            return cli.connect_remote(args)
+            return cli.connect_remote(args, progress)
         kwargs = {"device": device} if device else {}
         return Engine.load(model, quant=args.quant, draft=args.draft, progress=progress,
                            compile=getattr(args, "compile", None), **kwargs)
