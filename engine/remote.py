@@ -50,7 +50,7 @@ SERVERS = {
     "sglang": Server("SGLang", ("top_k", "min_p", "seed"), True, True),
     "llamacpp": Server("llama-server", ("top_k", "min_p", "seed"), False, True, speculation=True),
     "ollama": Server("Ollama", ("seed",), False, False, note="its OpenAI endpoint ignores it"),
-    "openai": Server("This server", ("seed",), False, False,
+    "openai": Server("the server", ("seed",), False, False,
                      note="not an OpenAI field, and the server did not say it takes it"),
 }
 

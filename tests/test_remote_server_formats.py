@@ -170,3 +170,19 @@ def test_ollama():
         (_, body, _), = server.posts
         assert "top_k" not in body and "min_p" not in body and body["seed"] == 3
         assert final_stats(events).new_tokens == 2
+
+
+def test_any_other_openai_compatible_server():
+    model = "gpt-4o-mini"
+    models = {"object": "list", "data": [{"id": model, "object": "model", "created": 1733000000,
+                                          "owned_by": "system"}]}
+    with fake_server({"/v1/models": models}, [chunks(model, ["Ok"], "stop")]) as (server, url):
+        engine = RemoteEngine.connect(url)
+        assert (engine.kind, engine.context_window) == ("openai", 4096)  # nothing said: the default
+        caps = engine.capabilities
+        assert set(caps.unsupported) == {"top_k", "min_p", "speculation", "draft_tokens"}
+        assert not caps.live_params
+        events = run(engine, GenerationParams(top_k=5, min_p=0.1, seed=1))
+        assert text(events) == "Ok" and events[-1] == Done("eos")
+        (_, body, _), = server.posts
+        assert "top_k" not in body and "min_p" not in body and body["seed"] == 1  # OpenAI rejects unknown fields
