@@ -141,14 +141,15 @@ class ParleyServer(ThreadingHTTPServer):
         self.queue = EngineQueue(queue_size)
         self.log = log or (lambda line: print(line, file=sys.stderr))
         self.created = int(time.time())
-        self.finished: list[str] = []  # each reply's outcome ("stop", "length", "cancelled", "error"), in order
+        # The latest replies' outcomes ("stop", "length", "cancelled", "error"), oldest first: for tests and logs.
+        self.finished: deque[str] = deque(maxlen=256)
         super().__init__(address, Handler)
 
 
 class Handler(BaseHTTPRequestHandler):
     server: ParleyServer
     protocol_version = "HTTP/1.1"
-    server_version = f"parley/{OWNED_BY}"
+    server_version = "parley"
 
     def log_message(self, format: str, *args: Any) -> None:  # the request line only: never headers (the key)
         self.server.log(f"{self.address_string()} {format % args}")

@@ -48,7 +48,8 @@ async def test_tui_chats_with_a_remote_engine(tmp_path):
             await wait_until(lambda: not app.generating, timeout=60)
             # Esc closed the stream: the server stops long before its 400 tokens.
             await wait_until(lambda: len(server.finished) == 3 and not server.queue.busy, timeout=180)
-        assert server.finished[:2] in (["stop", "stop"], ["length", "length"]) and server.finished[2] == "cancelled"
+        first, again, stopped = server.finished
+        assert first == again and first in ("stop", "length") and stopped == "cancelled"
         assert not any(KEY in line for line in server.logged)
     assert expected in path.read_text()
     for file in tmp_path.rglob("*"):  # the history database, the export, anything else written

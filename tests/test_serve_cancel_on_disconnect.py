@@ -26,7 +26,7 @@ def test_closing_the_stream_cancels_the_reply():
         stream.close()
         # Without cancellation this reply would run to its 400 tokens and finish as "length".
         poll(lambda: server.finished and not server.queue.busy, what="the cancelled reply to end")
-        assert server.finished == ["cancelled"]
+        assert list(server.finished) == ["cancelled"]
         after = client.chat.completions.create(model=model, messages=LONG, temperature=0, max_tokens=4)
         assert after.choices[0].finish_reason == "length" and after.usage.completion_tokens == 4
-        assert server.finished == ["cancelled", "length"]
+        assert list(server.finished) == ["cancelled", "length"]

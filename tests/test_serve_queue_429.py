@@ -40,7 +40,7 @@ def test_one_runs_one_waits_the_next_is_told_busy():
         waiter.join(timeout=300)
         assert waited["reply"].choices[0].finish_reason == "length"
         assert waited["reply"].usage.completion_tokens == 5
-        assert server.finished == ["cancelled", "length"]
+        assert list(server.finished) == ["cancelled", "length"]
 
 
 def test_a_waiting_client_that_leaves_gives_up_its_place():
@@ -60,4 +60,4 @@ def test_a_waiting_client_that_leaves_gives_up_its_place():
         poll(lambda: server.queue.waiting == 0, what="the waiting request to leave the queue")
         running.close()
         poll(lambda: len(server.finished) == 2 and not server.queue.busy, what="both to end")
-        assert server.finished == ["cancelled", "cancelled"]
+        assert list(server.finished) == ["cancelled", "cancelled"]
