@@ -29,7 +29,8 @@ from .protocol import Capabilities
 
 STATS_EVERY_S = 0.5
 DEFAULT_CONTEXT = 4096  # when the server does not say and no --context-window is given
-LIVE_FIELDS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens")  # what a mid-reply change can touch
+OPENAI_FIELDS = ("temperature", "top_p", "max_new_tokens")  # every server takes these
+SPECULATION = ("speculation", "draft_tokens")  # Parley's own: only parley serve takes them
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Server:
     """What one kind of server honours."""
 
     name: str
-    extra: tuple[str, ...]  # of top_k, min_p, seed: sent as extra body fields
+    extra: tuple[str, ...]  # of top_k, min_p, seed, speculation, draft_tokens: sent as extra body fields
     continue_final: bool  # chat completions continue a last assistant message (continue_final_message)
     raw_completions: bool  # /v1/completions takes the prompt as it is (no template applied server-side)
     speculation: bool = False  # reports speculative acceptance
@@ -45,7 +46,7 @@ class Server:
 
 
 SERVERS = {
-    "parley": Server("parley serve", ("top_k", "min_p", "seed"), True, True, speculation=True),
+    "parley": Server("parley serve", ("top_k", "min_p", "seed", *SPECULATION), True, True, speculation=True),
     "vllm": Server("vLLM", ("top_k", "min_p", "seed"), True, True),
     "sglang": Server("SGLang", ("top_k", "min_p", "seed"), True, True),
     "llamacpp": Server("llama-server", ("top_k", "min_p", "seed"), False, True, speculation=True),
@@ -148,9 +149,9 @@ class RemoteEngine:
     def capabilities(self) -> Capabilities:
         server = self.server
         unsupported = {f: f"{server.name}: {server.note}" for f in ("top_k", "min_p", "seed") if f not in server.extra}
-        if self.kind != "parley":
+        if "speculation" not in server.extra:
             reason = f"speculative decoding is {server.name}'s own setting (set when the server starts)"
-            unsupported |= {"speculation": reason, "draft_tokens": reason}
+            unsupported |= {f: reason for f in SPECULATION}
         live = server.continue_final or (server.raw_completions and self.tokenizer is not None)
         note = "" if live else (f"{server.name} cannot continue a reply with new settings"
                                 + ("" if not server.raw_completions else " without the model's tokenizer (--tokenizer)")
@@ -181,7 +182,7 @@ class RemoteEngine:
             body["min_p"] = params.min_p
         if "seed" in extra and params.seed is not None:
             body["seed"] = params.seed
-        if self.kind == "parley":
+        if "speculation" in extra:
             body |= {"speculation": params.speculation, "draft_tokens": params.draft_tokens}
         return body
 
@@ -403,7 +404,8 @@ def iter_sse(lines: Iterable[str]) -> Iterator[str]:
 
 
 def _changed(sent: GenerationParams, now: GenerationParams, extra: tuple[str, ...]) -> set[str]:
-    honoured = [f for f in LIVE_FIELDS if f not in ("top_k", "min_p") or f in extra]
+    """The fields the server honours that differ (a new seed mid-reply means nothing, so it is not one)."""
+    honoured = [*OPENAI_FIELDS, *(f for f in extra if f != "seed")]
     return {f for f in honoured if getattr(sent, f) != getattr(now, f)}
 
 
