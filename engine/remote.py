@@ -335,6 +335,7 @@ class _Figures:
         self.drafter = ""
         self.passes = 0.0
         self.new_tokens = 0
+        self.context = 0  # the last request's prompt (which holds the earlier segments' text) and its output
 
     def token(self, segment: _Segment) -> None:
         if self.t_first is None:
@@ -353,8 +354,9 @@ class _Figures:
         usage, timings = segment.usage, segment.timings
         details = usage.get("prompt_tokens_details") or {}
         self.reused = int(details.get("cached_tokens") or timings.get("cache_n") or 0)
-        self.prompt_tokens = int(usage.get("prompt_tokens") or
-                                 (timings.get("prompt_n", 0) + timings.get("cache_n", 0))) - self.reused
+        prompt = int(usage.get("prompt_tokens") or (timings.get("prompt_n", 0) + timings.get("cache_n", 0)))
+        self.prompt_tokens = max(0, prompt - self.reused)
+        self.context = prompt + segment.tokens if prompt else 0
         spec = usage.get("parley") or {}
         if spec:
             self.accepted += int(spec.get("accepted", 0))
@@ -378,9 +380,9 @@ class _Figures:
             proposed=self.proposed,
             tokens_per_target_pass=n / self.passes if self.passes else (1.0 if n else 0.0),
             ttft_s=(self.t_first or now) - self.t0,
-            prompt_tokens=max(0, self.prompt_tokens),
+            prompt_tokens=self.prompt_tokens,
             reused_tokens=self.reused,
-            context_tokens=max(0, self.prompt_tokens) + self.reused + n,
+            context_tokens=self.context or n,
             context_window=self.window,
             drafter=self.drafter,
         )

@@ -88,6 +88,9 @@ def test_vllm():
         assert body2["continue_final_message"] is True and body2["add_generation_prompt"] is False
         assert body2["messages"] == [*MESSAGES, {"role": "assistant", "content": "Hel"}]
         assert body2["temperature"] == 0.9 and body2["max_tokens"] == 6 - 1
+        # The continuation's prompt already holds "Hel": the context is that prompt plus what followed.
+        stats = final_stats(events)
+        assert (stats.new_tokens, stats.context_tokens, stats.context_window) == (1 + 2, 14 + 2, 32768)
 
 
 def test_sglang():
@@ -104,7 +107,7 @@ def test_sglang():
         events = run(engine, GenerationParams(top_k=5))
         assert text(events) == "Hi, you" and events[-1] == Done("eos")
         stats = final_stats(events)
-        assert (stats.new_tokens, stats.prompt_tokens, stats.reused_tokens) == (3, 4, 16)
+        assert (stats.new_tokens, stats.prompt_tokens, stats.reused_tokens, stats.context_tokens) == (3, 4, 16, 23)
         assert server.posts[0][1]["top_k"] == 5 and "authorization" not in server.posts[0][2]
 
 
