@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import threading
 
@@ -70,8 +71,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from ..engine.events import Done, Stats, TextDelta
 
     params = params_from_args(args)
-    engine = Engine.load(args.model, quant=args.quant, draft=args.draft, device=args.device,
-                         progress=print_progress, compile=args.compile)
+    if getattr(args, "server", None):
+        engine = connect_remote(args)
+    else:
+        engine = Engine.load(args.model, quant=args.quant, draft=args.draft, device=args.device,
+                             progress=print_progress, compile=args.compile)
     messages = [{"role": "user", "content": args.prompt}]
     session = engine.session(system_prompt=args.system)
     stats, done = None, None
@@ -98,6 +102,44 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- remote: an OpenAI-compatible server instead of the in-process engine (issue 11) ---------------------
+
+
+def add_remote_arguments(p: argparse.ArgumentParser) -> None:
+    """--server URL switches to the remote backend; --model then names the served model."""
+    p.add_argument("--server", default=os.environ.get("PARLEY_SERVER"),
+                   help="an OpenAI-compatible endpoint such as http://host:8000/v1 (vLLM, SGLang, llama-server, "
+                        "Ollama, parley serve); also PARLEY_SERVER")
+    p.add_argument("--api-key", default=None,
+                   help="bearer token for --server (also PARLEY_API_KEY or OPENAI_API_KEY; never stored)")
+    p.add_argument("--tokenizer", default=None,
+                   help="with --server: the served model's tokenizer (hub id, directory or .gguf), so a slider "
+                        "moved mid-reply can continue it through /v1/completions")
+    p.add_argument("--context-window", type=int, default=None,
+                   help="with --server: the context length, when the server does not tell it")
+
+
+def connect_remote(args: argparse.Namespace, progress=print_progress):
+    """The remote backend from the flags; ValueError (printed as `parley: error: ...`) says what to fix."""
+    from ..engine.remote import RemoteEngine, insecure_warning
+
+    api_key = args.api_key or os.environ.get("PARLEY_API_KEY") or os.environ.get("OPENAI_API_KEY")
+    warning = insecure_warning(args.server)
+    if warning:
+        print(f"parley: warning: {warning}", file=sys.stderr)
+    tokenizer = None
+    if args.tokenizer:
+        from ..models.resolve import resolve
+        from ..models.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(resolve(args.tokenizer, progress=progress))
+    return RemoteEngine.connect(args.server, api_key=api_key, model=args.model, tokenizer=tokenizer,
+                                context_window=args.context_window)
+
+
+# -- the parser ------------------------------------------------------------------------------------------
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parley", description=__doc__)
     sub = parser.add_subparsers(dest="command")
@@ -110,8 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stats", action="store_true", help="print final stats as one JSON line on stderr")
     add_model_arguments(gen)
     add_sampling_arguments(gen)
+    add_remote_arguments(gen)  # remote (issue 11)
 
     add_module_command(sub, "quantize", "cli_quantize", "AWQ-quantize a model into the Parley cache")
+    add_module_command(sub, "serve", "serve", "serve the local engine as an OpenAI-compatible HTTP API")
     bench = sub.add_parser("bench", help="print speed / quality figures")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     for name, module in BENCHES.items():
@@ -139,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return cmd_generate(args)
-        if args.command in ("chat", "quantize", "bench"):
+        if args.command in ("chat", "quantize", "bench", "serve"):
             if getattr(args, "unavailable", None):
                 parser.error(f"{' '.join(argv[:2])} is unavailable: {args.unavailable}")
             return args.module.run(args)

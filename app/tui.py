@@ -11,6 +11,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # The same model and sampling flags as `parley generate`; the sliders start from these values.
     cli.add_model_arguments(parser)
     cli.add_sampling_arguments(parser)
+    cli.add_remote_arguments(parser)
     parser.add_argument("--system", default="", help="system prompt for new conversations (F4 edits it)")
 
 
@@ -23,6 +24,8 @@ def run(args: argparse.Namespace) -> int:
     model, device = args.model, getattr(args, "device", None)
 
     def load(progress):
+        if args.server:  # an OpenAI-compatible server instead of the in-process engine
+            return cli.connect_remote(args, progress)
         kwargs = {"device": device} if device else {}
         return Engine.load(model, quant=args.quant, draft=args.draft, progress=progress,
                            compile=getattr(args, "compile", None), **kwargs)

@@ -1,0 +1,604 @@
+"""`parley serve`: the in-process engine behind the OpenAI HTTP API, so editors, scripts and agents can use it.
+
+The standard library's threading HTTP server is enough: there is one engine and it answers one request at a
+time, so an async framework would buy nothing. Each request gets a thread; requests take turns at the engine
+through a bounded FIFO (`EngineQueue`, 429 when full). A client that goes away cancels its reply; the engine
+reuses its KV cache for the longest common prefix, so the turns of one conversation only prefill what is new.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import json
+import select
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from parley.engine.events import Done, Stats, TextDelta
+from parley.engine.params import SPECULATION_MODES, GenerationParams
+
+DEFAULT_PORT = 8000
+DEFAULT_QUEUE_SIZE = 8
+MAX_BODY = 32 << 20  # bytes: far beyond any context window's worth of text
+OWNED_BY = "parley"  # what GET /v1/models says, so Parley's own client knows which extra fields it may send
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from parley.app import cli
+
+    cli.add_model_arguments(parser)
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
+    parser.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on every request")
+    parser.add_argument("--queue-size", type=int, default=DEFAULT_QUEUE_SIZE,
+                        help=f"requests that may wait for the engine; more get 429 (default {DEFAULT_QUEUE_SIZE})")
+
+
+def run(args: argparse.Namespace) -> int:
+    from parley.app import cli
+    from parley.engine.engine import Engine
+
+    if args.queue_size < 0:
+        raise ValueError(f"--queue-size {args.queue_size}: expected 0 or a positive integer")
+    engine = Engine.load(args.model, quant=args.quant, draft=args.draft, device=args.device,
+                         progress=cli.print_progress, compile=args.compile)
+    try:
+        server = make_server(engine, args.host, args.port, api_key=args.api_key, queue_size=args.queue_size)
+    except OSError as e:
+        raise ValueError(f"cannot listen on {args.host}:{args.port} ({e.strerror}); pick another --port") from None
+    host, port = server.server_address[:2]
+    print(f"parley serve: {engine.model_name} on http://{host}:{port}/v1 "
+          f"(queue {args.queue_size}{', API key required' if args.api_key else ''}); Ctrl+C stops", file=sys.stderr)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        print("parley serve: warning: listening beyond this machine without --api-key", file=sys.stderr)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+def make_server(engine: Any, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, api_key: str | None = None,
+                queue_size: int = DEFAULT_QUEUE_SIZE, log: Callable[[str], None] | None = None) -> ParleyServer:
+    """A bound server (port 0 picks a free one); call `serve_forever()` (in a thread, for tests)."""
+    return ParleyServer((host, port), engine, api_key=api_key, queue_size=queue_size, log=log)
+
+
+class RequestError(Exception):
+    """A bad request: the HTTP status, the message, and the field it names."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.param, self.status, self.kind = param, status, kind
+
+
+class EngineQueue:
+    """First come, first served turns at the one engine; at most `size` requests wait behind the running one."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._cond = threading.Condition()
+        self._waiting: deque[object] = deque()
+        self._busy = False
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def busy(self) -> bool:
+        return self._busy
+
+    def join(self) -> object:
+        with self._cond:
+            if len(self._waiting) >= self.size and (self._busy or self._waiting):
+                raise RequestError(f"the server is busy: {len(self._waiting)} request(s) already wait for the "
+                                   "engine (parley serve --queue-size); retry later", status=429,
+                                   kind="rate_limit_error")
+            ticket = object()
+            self._waiting.append(ticket)
+            return ticket
+
+    def wait_turn(self, ticket: object, gone: Callable[[], bool]) -> bool:
+        """Block until `ticket` is at the head and the engine is free; False if the client left meanwhile."""
+        with self._cond:
+            while self._busy or self._waiting[0] is not ticket:
+                if gone():
+                    self._waiting.remove(ticket)
+                    self._cond.notify_all()
+                    return False
+                self._cond.wait(0.1)  # wake now and then to notice a client that went away
+            self._waiting.popleft()
+            self._busy = True
+            return True
+
+    def release(self) -> None:
+        with self._cond:
+            self._busy = False
+            self._cond.notify_all()
+
+
+class ParleyServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], engine: Any, *, api_key: str | None, queue_size: int,
+                 log: Callable[[str], None] | None) -> None:
+        self.engine = engine
+        self.api_key = api_key
+        self.queue = EngineQueue(queue_size)
+        self.log = log or (lambda line: print(line, file=sys.stderr))
+        self.created = int(time.time())
+        # The latest replies' outcomes ("stop", "length", "cancelled", "error"), oldest first: for tests and logs.
+        self.finished: deque[str] = deque(maxlen=256)
+        super().__init__(address, Handler)
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: ParleyServer
+    protocol_version = "HTTP/1.1"
+    server_version = "parley"
+
+    def log_message(self, format: str, *args: Any) -> None:  # the request line only: never headers (the key)
+        self.server.log(f"{self.address_string()} {format % args}")
+
+    # -- routing ----------------------------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        self._handle(lambda: self._get())
+
+    def do_POST(self) -> None:
+        self._handle(lambda: self._post())
+
+    def _handle(self, route: Callable[[], None]) -> None:
+        self._body_read = self.command == "GET"
+        self._streaming = False  # once the SSE headers are out, an error can only end the stream
+        try:
+            self._authorize()
+            route()
+        except RequestError as e:
+            if not self._body_read:  # its body is still in the socket: this connection cannot carry another
+                self.close_connection = True
+            self._send_json({"error": {"message": str(e), "type": e.kind, "param": e.param, "code": None}},
+                            e.status)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as e:  # the server outlives anything one request hits
+            self.server.log(f"error: {type(e).__name__}: {e}")
+            self.close_connection = True
+            if self._streaming:
+                return
+            self._send_json({"error": {"message": f"internal error: {type(e).__name__}: {e}",
+                                       "type": "server_error", "param": None, "code": None}}, 500)
+
+    def _authorize(self) -> None:
+        key = self.server.api_key
+        if key is None:
+            return
+        given = self.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            raise RequestError("missing or wrong API key: send `Authorization: Bearer KEY`", status=401,
+                               kind="authentication_error")
+
+    def _get(self) -> None:
+        path = self.path.split("?")[0].rstrip("/")
+        engine = self.server.engine
+        if path in ("/v1/models", "/models"):
+            self._send_json({"object": "list", "data": [{
+                "id": engine.model_name, "object": "model", "created": self.server.created, "owned_by": OWNED_BY,
+                "max_model_len": engine.context_window,
+            }]})
+        elif path == "/health":
+            self._send_json({"status": "ok", "waiting": self.server.queue.waiting})
+        else:
+            raise RequestError(f"no route GET {path}: try GET /v1/models", status=404, kind="not_found_error")
+
+    def _post(self) -> None:
+        path = self.path.split("?")[0].rstrip("/")
+        chat = path in ("/v1/chat/completions", "/chat/completions")
+        if not chat and path not in ("/v1/completions", "/completions"):
+            raise RequestError(f"no route POST {path}: try /v1/chat/completions or /v1/completions", status=404,
+                               kind="not_found_error")
+        body = self._read_json()
+        request = parse_request(body, self.server.engine, chat)
+        self._serve(request)
+
+    # -- one completion ---------------------------------------------------------------------------
+
+    def _serve(self, req: CompletionRequest) -> None:
+        queue = self.server.queue
+        ticket = queue.join()
+        if not queue.wait_turn(ticket, self._client_gone):
+            self.close_connection = True
+            self.server.finished.append("cancelled")
+            return
+        cancel = threading.Event()
+        try:
+            events = self._generate(req, cancel)
+            if req.stream:
+                self._stream(req, events, cancel)
+            else:
+                self._whole(req, events, cancel)
+        finally:
+            cancel.set()
+            queue.release()
+
+    def _generate(self, req: CompletionRequest, cancel: threading.Event) -> Iterator[TextDelta | Stats | Done]:
+        """The engine's events with stop strings applied: text up to a stop string, then Done("eos")."""
+        from parley.engine.session import Session
+
+        engine = self.server.engine
+        if req.prompt is not None:  # raw text: the same loop over a tokenizer that takes the text as it is
+            session = Session(_TextPrompt(engine), None)
+            messages = [{"role": "user", "content": req.prompt}]
+        else:
+            session, messages = engine.session(None), req.messages
+        matcher = StopMatcher(req.stop)
+        for ev in session.reply(messages, req.params, cancel):
+            if isinstance(ev, TextDelta):
+                text, stopped = matcher.push(ev.text)
+                if text:
+                    yield TextDelta(text)
+                if stopped:
+                    cancel.set()  # the engine stops at its next round; text it yields past here is dropped
+            elif isinstance(ev, Done):
+                if matcher.stopped:
+                    ev = Done("eos", "stop string")
+                else:
+                    tail = matcher.flush()
+                    if tail:
+                        yield TextDelta(tail)
+                yield ev
+                return
+            else:
+                yield ev
+
+    def _whole(self, req: CompletionRequest, events: Iterator, cancel: threading.Event) -> None:
+        text, stats, done = [], None, Done("error", "no reply")
+        for ev in events:
+            if self._client_gone():
+                cancel.set()
+            if isinstance(ev, TextDelta):
+                text.append(ev.text)
+            elif isinstance(ev, Stats):
+                stats = ev
+            elif isinstance(ev, Done):
+                done = ev
+        self.server.finished.append(_outcome(done))
+        if done.reason == "cancelled":
+            self.close_connection = True
+            return
+        if done.reason == "error":
+            raise RuntimeError(done.detail)
+        content = "".join(text)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": _finish_reason(done), "logprobs": None}
+        if req.chat:
+            choice["message"] = {"role": "assistant", "content": content}
+        else:
+            choice["text"] = content
+        self._send_json({**req.header(), "choices": [choice], "usage": usage(stats)})
+
+    def _stream(self, req: CompletionRequest, events: Iterator, cancel: threading.Event) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")  # the body ends when the connection does
+        self.end_headers()
+        self.close_connection = self._streaming = True
+        include_usage = req.include_usage
+        header = req.header(chunk=True)
+        stats, done = None, Done("error", "no reply")
+
+        def send(choice: dict[str, Any] | None, **extra: Any) -> None:
+            data = {**header, "choices": [{"index": 0, **choice}] if choice else [], **extra}
+            if include_usage and "usage" not in extra:
+                data["usage"] = None
+            self._write(f"data: {json.dumps(data)}\n\n")
+
+        try:
+            if req.chat:
+                send({"delta": {"role": "assistant", "content": ""}, "finish_reason": None, "logprobs": None})
+            for ev in events:
+                if self._client_gone():
+                    cancel.set()
+                if isinstance(ev, TextDelta):
+                    piece = {"delta": {"content": ev.text}} if req.chat else {"text": ev.text}
+                    send({**piece, "finish_reason": None, "logprobs": None})
+                elif isinstance(ev, Stats):
+                    stats = ev
+                elif isinstance(ev, Done):
+                    done = ev
+            if done.reason == "cancelled":
+                return
+            if done.reason == "error":
+                self._write("data: " + json.dumps({"error": {"message": done.detail, "type": "server_error"}})
+                            + "\n\n")
+            else:
+                end = {"delta": {}} if req.chat else {"text": ""}
+                send({**end, "finish_reason": _finish_reason(done), "logprobs": None})
+                if include_usage:
+                    send(None, usage=usage(stats))
+            self._write("data: [DONE]\n\n")
+        except (BrokenPipeError, ConnectionResetError):
+            cancel.set()
+            for ev in events:  # let the engine see the cancel and finish its round
+                if isinstance(ev, Done):
+                    done = ev
+        finally:
+            self.server.finished.append(_outcome(done))
+
+    # -- the socket -------------------------------------------------------------------------------
+
+    def _client_gone(self) -> bool:
+        """True once the client closed its end (a readable socket with nothing to read)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+
+    def _write(self, text: str) -> None:
+        self.wfile.write(text.encode())
+        self.wfile.flush()
+
+    def _read_json(self) -> dict[str, Any]:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise RequestError("Content-Length is not a number", "Content-Length") from None
+        if length > MAX_BODY:
+            raise RequestError(f"the body is {length} bytes; at most {MAX_BODY} are accepted", "body", status=413)
+        raw = self.rfile.read(length) if length else b""
+        self._body_read = True
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RequestError(f"the body is not valid JSON ({e}); send a JSON object", "body") from None
+        if not isinstance(body, dict):
+            raise RequestError("the body must be a JSON object", "body")
+        return body
+
+    def _send_json(self, data: dict[str, Any], status: int = 200) -> None:
+        payload = json.dumps(data).encode()
+        self.send_response(status, HTTPStatus(status).phrase)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        if status == 429:
+            self.send_header("Retry-After", "1")
+        self.end_headers()
+        self.wfile.write(payload)
+        self.wfile.flush()
+
+
+# -- requests ---------------------------------------------------------------------------------------
+
+
+class CompletionRequest:
+    """A validated request: what to generate from, with which parameters, and how to answer."""
+
+    def __init__(self, *, chat: bool, model: str, params: GenerationParams, stream: bool, include_usage: bool,
+                 stop: list[str], messages: list[dict[str, str]] | None = None, prompt: str | None = None) -> None:
+        self.chat, self.model, self.params, self.stream = chat, model, params, stream
+        self.include_usage, self.stop, self.messages, self.prompt = include_usage, stop, messages, prompt
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+
+    def header(self, chunk: bool = False) -> dict[str, Any]:
+        kind = "chat.completion" if self.chat else "text_completion"
+        return {"id": self.id, "object": kind + (".chunk" if chunk and self.chat else ""),
+                "created": self.created, "model": self.model}
+
+
+def parse_request(body: dict[str, Any], engine: Any, chat: bool) -> CompletionRequest:
+    """Check every field we use; a RequestError names the first bad one."""
+    model = body.get("model", engine.model_name)
+    if model != engine.model_name:
+        raise RequestError(f"model {model!r} is not served here: this server serves {engine.model_name!r} "
+                           "(GET /v1/models)", "model")
+    if body.get("n", 1) != 1:
+        raise RequestError("n: only n=1 is supported (one engine, one reply)", "n")
+    params = GenerationParams(temperature=1.0, top_p=1.0)  # the OpenAI API's defaults
+    _number(body, "temperature", params, 0.0, 2.0, "between 0 and 2 (0 = greedy)")
+    _number(body, "top_p", params, 0.0, 1.0, "in (0, 1]", low_open=True)
+    _number(body, "min_p", params, 0.0, 1.0, "in [0, 1)", high_open=True)
+    if body.get("top_k") is not None:
+        top_k = body["top_k"]
+        if not _is_int(top_k) or top_k < -1:
+            raise RequestError(f"top_k={top_k!r}: expected -1 or 0 (off) or a positive integer", "top_k")
+        params.top_k = max(0, top_k)
+    if body.get("seed") is not None:
+        if not _is_int(body["seed"]):
+            raise RequestError(f"seed={body['seed']!r}: expected an integer", "seed")
+        params.seed = body["seed"]
+    for field in ("max_completion_tokens", "max_tokens"):
+        value = body.get(field)
+        if value is not None:
+            if not _is_int(value) or value < 1:
+                raise RequestError(f"{field}={value!r}: expected a positive integer", field)
+            params.max_new_tokens = value
+            break
+    else:
+        params.max_new_tokens = engine.context_window  # until the model stops or the window is full
+    if body.get("speculation") is not None:  # Parley's extension fields
+        if body["speculation"] not in SPECULATION_MODES:
+            raise RequestError(f"speculation={body['speculation']!r}: expected one of {', '.join(SPECULATION_MODES)}",
+                               "speculation")
+        params.speculation = body["speculation"]
+    if body.get("draft_tokens") is not None:
+        if not _is_int(body["draft_tokens"]) or not 1 <= body["draft_tokens"] <= 16:
+            raise RequestError(f"draft_tokens={body['draft_tokens']!r}: expected 1 to 16", "draft_tokens")
+        params.draft_tokens = body["draft_tokens"]
+
+    stop = body.get("stop") or []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 16:
+        raise RequestError("stop: expected a string or a list of up to 16 non-empty strings", "stop")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError(f"stream={stream!r}: expected true or false", "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise RequestError("stream_options: expected an object such as {\"include_usage\": true}", "stream_options")
+    include_usage = bool(options.get("include_usage", False))
+
+    if chat:
+        messages = _messages(body.get("messages"))
+        if body.get("continue_final_message"):  # vLLM's extension: go on with the last assistant message
+            if messages[-1]["role"] != "assistant":
+                raise RequestError("continue_final_message needs the last message to be the assistant's",
+                                   "continue_final_message")
+            prompt = engine.tokenizer.render_chat(messages[:-1]) + messages[-1]["content"]
+            req = CompletionRequest(chat=True, model=model, params=params, stream=stream, include_usage=include_usage,
+                                    stop=stop, prompt=prompt)
+            ids = engine.tokenizer.encode(prompt)
+        else:
+            req = CompletionRequest(chat=True, model=model, params=params, stream=stream, include_usage=include_usage,
+                                    stop=stop, messages=messages)
+            ids = engine.tokenizer.encode_chat(messages)
+        field = "messages"
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str) or not prompt:
+            raise RequestError("prompt: expected a non-empty string", "prompt")
+        req = CompletionRequest(chat=False, model=model, params=params, stream=stream, include_usage=include_usage,
+                                stop=stop, prompt=prompt)
+        ids, field = engine.tokenizer.encode(prompt), "prompt"
+    if len(ids) >= engine.context_window:
+        raise RequestError(f"{field}: the prompt is {len(ids)} tokens; the context window holds "
+                           f"{engine.context_window}. Shorten it.", field)
+    return req
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(body: dict[str, Any], name: str, params: GenerationParams, low: float, high: float, expected: str,
+            low_open: bool = False, high_open: bool = False) -> None:
+    value = body.get(name)
+    if value is None:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = ok and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    if not ok:
+        raise RequestError(f"{name}={value!r} is out of range: expected {expected}", name)
+    setattr(params, name, float(value))
+
+
+def _messages(value: Any) -> list[dict[str, str]]:
+    if not isinstance(value, list) or not value:
+        raise RequestError("messages: expected a non-empty list of {role, content} objects", "messages")
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
+            raise RequestError(f"messages[{i}].role: expected system, user or assistant", f"messages[{i}].role")
+        content = m.get("content")
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise RequestError(f"messages[{i}].content: only text parts are supported",
+                                   f"messages[{i}].content")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise RequestError(f"messages[{i}].content: expected a string", f"messages[{i}].content")
+        out.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
+    return out
+
+
+# -- answers ----------------------------------------------------------------------------------------
+
+
+def usage(stats: Stats | None) -> dict[str, Any]:
+    """OpenAI's usage, the reused prefix as `cached_tokens`, and Parley's own figures under `parley`."""
+    if stats is None:
+        return {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    prompt = stats.prompt_tokens + stats.reused_tokens
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": stats.new_tokens,
+        "total_tokens": prompt + stats.new_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.reused_tokens},
+        "parley": {
+            "accepted": stats.accepted, "proposed": stats.proposed,
+            "acceptance_rate": round(stats.acceptance_rate, 4),
+            "tokens_per_target_pass": round(stats.tokens_per_target_pass, 4), "drafter": stats.drafter,
+            "tokens_per_s": round(stats.tokens_per_s, 2), "ttft_s": round(stats.ttft_s, 4),
+        },
+    }
+
+
+def _finish_reason(done: Done) -> str:
+    return "length" if done.reason == "length" else "stop"
+
+
+def _outcome(done: Done) -> str:
+    return done.reason if done.reason in ("cancelled", "error") else _finish_reason(done)
+
+
+class StopMatcher:
+    """Cuts streamed text at the first stop string, holding back a tail that may be the start of one."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = stops
+        self.held = ""
+        self.stopped = False
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """(text safe to emit now, whether a stop string was reached)."""
+        if self.stopped:
+            return "", True
+        if not self.stops:
+            return text, False
+        buf = self.held + text
+        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.stopped, self.held = True, ""
+            return buf[: min(hits)], True
+        keep = max((k for s in self.stops for k in range(1, len(s)) if buf.endswith(s[:k])), default=0)
+        self.held = buf[len(buf) - keep:] if keep else ""
+        return buf[: len(buf) - keep], False
+
+    def flush(self) -> str:
+        held, self.held = self.held, ""
+        return held
+
+
+class _TextPrompt:
+    """The engine seen through a tokenizer that takes the prompt text as it is (no chat template): a `Session`
+    over it continues raw text (/v1/completions, continue_final_message) with the same loop, prefix cache and
+    speculation as a chat reply."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self.tokenizer = _RawTokenizer(engine.tokenizer)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+class _RawTokenizer:
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+
+    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        return self._tokenizer.encode(messages[-1]["content"])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tokenizer, name)

@@ -1,0 +1,461 @@
+"""The remote backend: chat with a model served over the OpenAI API (vLLM, SGLang, llama-server, Ollama, parley serve).
+
+Plain `httpx` with a few lines of server-sent-events parsing, not the `openai` client: we send fields the
+official client has no names for (top_k, min_p, continue_final_message), read fields it drops (llama-server's
+`timings`, Parley's `usage.parley`), and close the stream the moment the user presses Esc.
+
+What each server accepts is decided once, at connect time, from `GET /v1/models` (`owned_by`), the `Server`
+header and, when those are silent, a cheap `GET /api/version` (only Ollama answers it); see `SERVERS`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from .events import Done, Event, Notice, Stats, TextDelta
+from .params import GenerationParams
+from .protocol import Capabilities
+
+STATS_EVERY_S = 0.5
+DEFAULT_CONTEXT = 4096  # when the server does not say and no --context-window is given
+OPENAI_FIELDS = ("temperature", "top_p", "max_new_tokens")  # every server takes these
+SPECULATION = ("speculation", "draft_tokens")  # Parley's own: only parley serve takes them
+
+
+@dataclass(frozen=True)
+class Server:
+    """What one kind of server honours."""
+
+    name: str
+    extra: tuple[str, ...]  # of top_k, min_p, seed, speculation, draft_tokens: sent as extra body fields
+    continue_final: bool  # chat completions continue a last assistant message (continue_final_message)
+    raw_completions: bool  # /v1/completions takes the prompt as it is (no template applied server-side)
+    speculation: bool = False  # reports speculative acceptance
+    note: str = ""  # why a field is ignored
+
+
+SERVERS = {
+    "parley": Server("parley serve", ("top_k", "min_p", "seed", *SPECULATION), True, True, speculation=True),
+    "vllm": Server("vLLM", ("top_k", "min_p", "seed"), True, True),
+    "sglang": Server("SGLang", ("top_k", "min_p", "seed"), True, True),
+    "llamacpp": Server("llama-server", ("top_k", "min_p", "seed"), False, True, speculation=True),
+    "ollama": Server("Ollama", ("seed",), False, False, note="its OpenAI endpoint ignores it"),
+    "openai": Server("the server", ("seed",), False, False,
+                     note="not an OpenAI field, and the server did not say it takes it"),
+}
+
+
+def server_kind(owned_by: str, server_header: str, ollama_version: bool) -> str:
+    """Which entry of SERVERS a server is, from what it tells about itself."""
+    owner, header = owned_by.lower(), server_header.lower()
+    if owner in ("parley", "vllm", "sglang"):
+        return owner
+    if owner == "llamacpp" or "llama.cpp" in header:
+        return "llamacpp"
+    if ollama_version or owner in ("library", "ollama"):
+        return "ollama"
+    return "openai"
+
+
+def insecure_warning(url: str) -> str | None:
+    """One line when the API key (and the chat) would cross the network in clear text."""
+    parts = urlsplit(url)
+    if parts.scheme == "http" and not _loopback(parts.hostname or ""):
+        return f"{parts.scheme}://{parts.hostname} is plain http: the API key and the chat travel unencrypted"
+    return None
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def base_url(url: str) -> str:
+    """`http://host:8000` and `http://host:8000/v1/` both mean `http://host:8000/v1`."""
+    url = url.rstrip("/")
+    if not urlsplit(url).scheme:
+        raise ValueError(f"--server {url!r}: expected a URL such as http://127.0.0.1:8000/v1")
+    return url if urlsplit(url).path else url + "/v1"
+
+
+class RemoteEngine:
+    """An `EngineLike` over an OpenAI-compatible server; `connect` probes it, `session().reply` streams."""
+
+    quantization = "remote"
+
+    def __init__(self, url: str, model: str, kind: str, context_window: int, *, api_key: str | None = None,
+                 tokenizer: Any = None, client: httpx.Client | None = None) -> None:
+        self.url = base_url(url)
+        self.model_name = model
+        self.kind = kind
+        self.server = SERVERS[kind]
+        self.context_window = context_window
+        self.tokenizer = tokenizer  # parley Tokenizer of the served model, when the user gave one
+        self._api_key = api_key  # kept only in memory, sent only as the Authorization header
+        self.client = client or httpx.Client(timeout=httpx.Timeout(10.0, read=None))
+        self.warning = insecure_warning(self.url)  # told once, on the first reply
+
+    def __repr__(self) -> str:  # never the key
+        return f"RemoteEngine({self.url!r}, model={self.model_name!r}, kind={self.kind!r})"
+
+    @classmethod
+    def connect(cls, url: str, *, api_key: str | None = None, model: str | None = None, tokenizer: Any = None,
+                context_window: int | None = None, client: httpx.Client | None = None) -> RemoteEngine:
+        """Ask the server what it serves and what it is; raise ValueError saying what to fix."""
+        url = base_url(url)
+        client = client or httpx.Client(timeout=httpx.Timeout(10.0, read=None))
+        headers = _auth(api_key)
+        resp = _get(client, f"{url}/models", headers)
+        if resp.status_code == 401 or resp.status_code == 403:
+            raise ValueError(f"{url} refused the API key ({resp.status_code}): pass --api-key or set PARLEY_API_KEY")
+        if resp.status_code != 200:
+            raise ValueError(f"GET {url}/models answered {resp.status_code}: {_error_message(resp)}; "
+                             "is this an OpenAI-compatible endpoint (it usually ends in /v1)?")
+        try:
+            models = resp.json()["data"]
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"GET {url}/models did not answer an OpenAI model list") from None
+        if not models:
+            raise ValueError(f"{url} serves no model yet (GET /v1/models is empty)")
+        card = next((m for m in models if m.get("id") == model), None) if model else models[0]
+        if card is None:
+            names = ", ".join(m.get("id", "?") for m in models)
+            raise ValueError(f"--model {model!r} is not served by {url}; it serves: {names}")
+        root = url.rsplit("/v1", 1)[0]
+        owned_by = str(card.get("owned_by") or "")
+        ollama = False
+        if owned_by.lower() not in ("parley", "vllm", "sglang", "llamacpp"):
+            probe = _get(client, f"{root}/api/version", headers, quiet=True)  # only Ollama answers this
+            ollama = probe is not None and probe.status_code == 200 and "version" in _json(probe)
+        kind = server_kind(owned_by, resp.headers.get("server", ""), ollama)
+        window = context_window or _llamacpp_context(client, root, headers, kind) or _context_length(card)
+        return cls(url, card["id"], kind, window or DEFAULT_CONTEXT, api_key=api_key, tokenizer=tokenizer,
+                   client=client)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        server = self.server
+        unsupported = {f: f"{server.name}: {server.note}" for f in ("top_k", "min_p", "seed") if f not in server.extra}
+        if "speculation" not in server.extra:
+            reason = f"speculative decoding is {server.name}'s own setting (set when the server starts)"
+            unsupported |= {f: reason for f in SPECULATION}
+        live = server.continue_final or (server.raw_completions and self.tokenizer is not None)
+        note = "" if live else (f"{server.name} cannot continue a reply with new settings"
+                                + ("" if not server.raw_completions else " without the model's tokenizer (--tokenizer)")
+                                + ": a change applies from the next reply")
+        return Capabilities(unsupported=unsupported, live_params=live, live_params_note=note,
+                            speculation=server.speculation)
+
+    def session(self, system_prompt: str | None = None) -> RemoteSession:
+        return RemoteSession(self, system_prompt)
+
+    def count_tokens(self, text: str) -> int:
+        """Exact with the model's tokenizer; otherwise an estimate (about 4 characters a token)."""
+        if self.tokenizer is not None:
+            return len(self.tokenizer.encode(text))
+        return math.ceil(len(text) / 4)
+
+    # -- requests -----------------------------------------------------------------------------------
+
+    def body(self, params: GenerationParams, max_tokens: int) -> dict[str, Any]:
+        """Sampling fields this server honours; the standard ones always."""
+        body: dict[str, Any] = {"model": self.model_name, "temperature": params.temperature, "top_p": params.top_p,
+                                "max_tokens": max_tokens, "stream": True,
+                                "stream_options": {"include_usage": True}}
+        extra = self.server.extra
+        if "top_k" in extra and params.top_k > 0:
+            body["top_k"] = params.top_k
+        if "min_p" in extra and params.min_p > 0:
+            body["min_p"] = params.min_p
+        if "seed" in extra and params.seed is not None:
+            body["seed"] = params.seed
+        if "speculation" in extra:
+            body |= {"speculation": params.speculation, "draft_tokens": params.draft_tokens}
+        return body
+
+    def open(self, path: str, body: dict[str, Any]) -> AbstractContextManager[httpx.Response]:
+        """A streaming POST; leaving the `with` closes the connection, which stops the server's generation."""
+        return self.client.stream("POST", f"{self.url}{path}", json=body, headers=_auth(self._api_key))
+
+
+class RemoteSession:
+    def __init__(self, engine: RemoteEngine, system_prompt: str | None = None) -> None:
+        self.engine = engine
+        self.system_prompt = system_prompt
+
+    def reply(self, messages: list[dict[str, str]], params: GenerationParams,
+              cancel: threading.Event | None = None) -> Iterator[Event]:
+        """Stream the answer; a live change of a sampling field restarts the request from the text so far."""
+        try:
+            yield from self._reply(messages, params, cancel or threading.Event())
+        except httpx.HTTPError as e:
+            yield Done("error", f"lost {self.engine.url}: {type(e).__name__}: {e}")
+        except ValueError as e:
+            yield Done("error", str(e))
+
+    def _reply(self, messages: list[dict[str, str]], live: GenerationParams,
+               cancel: threading.Event) -> Iterator[Event]:
+        eng = self.engine
+        if eng.warning:
+            yield Notice(eng.warning)
+            eng.warning = None
+        t0 = time.perf_counter()
+        params = live.snapshot()
+        params.validate()
+        if self.system_prompt and (not messages or messages[0]["role"] != "system"):
+            messages = [{"role": "system", "content": self.system_prompt}, *messages]
+        figures = _Figures(t0, eng.context_window)
+        told_not_live = False
+        text = ""  # the reply so far, across requests
+        finish: str | None = None
+        while True:
+            budget = params.max_new_tokens - figures.new_tokens
+            if budget <= 0:
+                finish = "length"
+                break
+            path, body = self._request(messages, text, params, budget)
+            restart = False
+            with eng.open(path, body) as resp:
+                if resp.status_code != 200:
+                    resp.read()
+                    yield Done("error", f"{eng.server.name} answered {resp.status_code}: {_error_message(resp)}")
+                    return
+                segment = _Segment()
+                for data in iter_sse(resp.iter_lines()):
+                    if cancel.is_set():
+                        break  # leaving `with` closes the connection: the server stops generating
+                    try:
+                        chunk = json.loads(data)
+                    except ValueError:
+                        yield Done("error", f"{eng.server.name} sent a stream event that is not JSON: {data[:80]!r}")
+                        return
+                    if "error" in chunk or chunk.get("object") == "error":
+                        yield Done("error", f"{eng.server.name}: {_message(chunk)}")
+                        return
+                    piece, reason = segment.read(chunk, path)
+                    finish = reason or finish
+                    if piece:
+                        text += piece
+                        figures.token(segment)
+                        yield TextDelta(piece)
+                    if figures.due():
+                        yield figures.stats()
+                    changed = _changed(params, live.snapshot(), eng.server.extra)
+                    if changed and finish is None:
+                        if "max_new_tokens" in changed and live.max_new_tokens <= figures.new_tokens:
+                            params, finish = live.snapshot(), "length"  # lowered below what is shown: done
+                            break
+                        if eng.capabilities.live_params:
+                            params, restart = live.snapshot(), True
+                            break
+                        if not told_not_live:
+                            told_not_live = True
+                            yield Notice(eng.capabilities.live_params_note)
+                figures.close(segment)
+            if cancel.is_set():
+                yield figures.stats()
+                yield Done("cancelled")
+                return
+            if restart:
+                continue
+            break
+        yield figures.stats()
+        if finish == "length":
+            yield Done("length", f"max_new_tokens={params.max_new_tokens} reached")
+        elif finish is None:
+            yield Done("error", f"{eng.server.name} ended the stream without a finish reason")
+        else:
+            yield Done("eos")
+
+    def _request(self, messages: list[dict[str, str]], text: str, params: GenerationParams,
+                 budget: int) -> tuple[str, dict[str, Any]]:
+        """The first request, or one that continues `text` (the reply so far) under new parameters."""
+        eng = self.engine
+        body = eng.body(params, budget)
+        if not text:
+            return "/chat/completions", {**body, "messages": messages}
+        partial = [*messages, {"role": "assistant", "content": text}]
+        if eng.server.continue_final:
+            return "/chat/completions", {**body, "messages": partial, "continue_final_message": True,
+                                         "add_generation_prompt": False}
+        prompt = eng.tokenizer.render_chat(messages) + text
+        return "/completions", {**body, "prompt": prompt}
+
+
+class _Segment:
+    """One HTTP request's share of a reply: its text chunks, usage and server timings."""
+
+    def __init__(self) -> None:
+        self.chunks = 0
+        self.usage: dict[str, Any] = {}
+        self.timings: dict[str, Any] = {}
+
+    def read(self, chunk: dict[str, Any], path: str) -> tuple[str, str | None]:
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        if chunk.get("timings"):  # llama-server
+            self.timings = chunk["timings"]
+        piece, reason = "", None
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            piece += (delta.get("content") or "") if "chat" in path else (choice.get("text") or "")
+            reason = choice.get("finish_reason") or reason
+        if piece:
+            self.chunks += 1
+        return piece, reason
+
+    @property
+    def tokens(self) -> int:
+        """The server's count when it gave one, else one token per chunk (what these servers stream)."""
+        return int(self.usage.get("completion_tokens") or self.timings.get("predicted_n") or self.chunks)
+
+
+class _Figures:
+    """The status bar's figures over all requests of one reply; rates measured here, on the client."""
+
+    def __init__(self, t0: float, window: int) -> None:
+        self.t0, self.window = t0, window
+        self.t_first: float | None = None
+        self.t_stats = t0
+        self.done_tokens = 0  # of closed segments
+        self.prompt_tokens = self.reused = self.accepted = self.proposed = 0
+        self.drafter = ""
+        self.passes = 0.0
+        self.new_tokens = 0
+        self.context = 0  # the last request's prompt (which holds the earlier segments' text) and its output
+
+    def token(self, segment: _Segment) -> None:
+        if self.t_first is None:
+            self.t_first = time.perf_counter()
+        self.new_tokens = self.done_tokens + segment.tokens
+
+    def due(self) -> bool:
+        if time.perf_counter() - self.t_stats > STATS_EVERY_S:
+            self.t_stats = time.perf_counter()
+            return True
+        return False
+
+    def close(self, segment: _Segment) -> None:
+        self.done_tokens += segment.tokens
+        self.new_tokens = self.done_tokens
+        usage, timings = segment.usage, segment.timings
+        details = usage.get("prompt_tokens_details") or {}
+        self.reused = int(details.get("cached_tokens") or timings.get("cache_n") or 0)
+        prompt = int(usage.get("prompt_tokens") or (timings.get("prompt_n", 0) + timings.get("cache_n", 0)))
+        self.prompt_tokens = max(0, prompt - self.reused)
+        self.context = prompt + segment.tokens if prompt else 0
+        spec = usage.get("parley") or {}
+        if spec:
+            self.accepted += int(spec.get("accepted", 0))
+            self.proposed += int(spec.get("proposed", 0))
+            self.drafter = spec.get("drafter", "")
+            rate = spec.get("tokens_per_target_pass") or 0
+            self.passes += segment.tokens / rate if rate else 0
+        elif "draft_n" in timings:  # llama-server with a draft model
+            self.accepted += int(timings.get("draft_n_accepted", 0))
+            self.proposed += int(timings["draft_n"])
+            self.drafter = "llama-server draft"
+
+    def stats(self) -> Stats:
+        now = time.perf_counter()
+        decode_s = now - self.t_first if self.t_first is not None else 0.0
+        n = self.new_tokens
+        return Stats(
+            new_tokens=n,
+            tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
+            accepted=self.accepted,
+            proposed=self.proposed,
+            tokens_per_target_pass=n / self.passes if self.passes else (1.0 if n else 0.0),
+            ttft_s=(self.t_first or now) - self.t0,
+            prompt_tokens=self.prompt_tokens,
+            reused_tokens=self.reused,
+            context_tokens=self.context or n,
+            context_window=self.window,
+            drafter=self.drafter,
+        )
+
+
+def iter_sse(lines: Iterable[str]) -> Iterator[str]:
+    """The `data` of each server-sent event, until `[DONE]`; comments and other fields are skipped."""
+    data: list[str] = []
+    for line in lines:
+        if line == "":
+            if data:
+                payload = "\n".join(data)
+                data = []
+                if payload.strip() == "[DONE]":
+                    return
+                yield payload
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    if data and "\n".join(data).strip() != "[DONE]":
+        yield "\n".join(data)
+
+
+def _changed(sent: GenerationParams, now: GenerationParams, extra: tuple[str, ...]) -> set[str]:
+    """The fields the server honours that differ (a new seed mid-reply means nothing, so it is not one)."""
+    honoured = [*OPENAI_FIELDS, *(f for f in extra if f != "seed")]
+    return {f for f in honoured if getattr(sent, f) != getattr(now, f)}
+
+
+def _auth(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _get(client: httpx.Client, url: str, headers: dict[str, str], quiet: bool = False) -> httpx.Response | None:
+    try:
+        return client.get(url, headers=headers)
+    except httpx.HTTPError as e:
+        if quiet:
+            return None
+        raise ValueError(f"cannot reach {url} ({type(e).__name__}: {e}); is the server running?") from None
+
+
+def _json(resp: httpx.Response) -> Any:
+    try:
+        return resp.json()
+    except ValueError:
+        return {}
+
+
+def _message(body: Any) -> str:
+    """The error text of any of these servers' error bodies."""
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict):
+            return str(err.get("message") or err)
+        return str(err)
+    return str(body)
+
+
+def _error_message(resp: httpx.Response) -> str:
+    body = _json(resp)
+    return _message(body) if body else (resp.text[:200] or resp.reason_phrase)
+
+
+def _context_length(card: dict[str, Any]) -> int | None:
+    """vLLM, SGLang and parley serve: `max_model_len`; llama-server: `meta.n_ctx_train` (the trained length,
+    used only when its `/props` does not give the running `n_ctx`)."""
+    value = card.get("max_model_len") or (card.get("meta") or {}).get("n_ctx_train")
+    return int(value) if value else None
+
+
+def _llamacpp_context(client: httpx.Client, root: str, headers: dict[str, str], kind: str) -> int | None:
+    if kind != "llamacpp":
+        return None
+    resp = _get(client, f"{root}/props", headers, quiet=True)
+    n_ctx = (_json(resp).get("default_generation_settings") or {}).get("n_ctx") if resp is not None else None
+    return int(n_ctx) if n_ctx else None
