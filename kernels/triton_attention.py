@@ -1,0 +1,195 @@
+"""Decode attention in Triton over a KV cache kept in its stored form: fp, bf16, int8 or K-int8/V-int4.
+
+A decode or verification pass has few query rows (T <= ~16) and a long cache: the cost is reading the
+cache, so the quantized layouts are read as they are stored and dequantized in registers, never
+materialised in full precision. One program per (query row, head) walks the row's slots 0..positions[t]
+in blocks, in a fixed order, with an online softmax in fp32: a row's result depends only on that row's
+query, position and the cache, so it is bitwise the same whatever T the pass has (batch invariance,
+which keeps speculative verification equal to plain decoding).
+
+Cache layouts, per layer, batch 1 (the CPU path stores the same):
+- "fp" / "bf16": k, v [KVH, L, D] in that dtype.
+- "int8": k int8 [KVH, L, D] and k_scale fp32 [KVH, L] (k = k_int8 * k_scale, symmetric, scale =
+  amax/127, round half to even, clamp +-127); v likewise with v_scale.
+- "k8v4": k as in "int8"; v uint8 [KVH, L, D/2], byte j holding d = j in its low nibble and
+  d = j + D/2 in its high nibble, with v_scale and v_min fp32 [KVH, L, D/32] for groups of 32 along D:
+  v = q * scale + min, q in 0..15, scale = (max - min)/15 (scale 0 -> q 0).
+
+`quantize_int8`, `quantize_int4` and `write_kv` are plain torch (CPU or CUDA, no host syncs, so a CUDA
+graph can capture them): the verification pass writes its k+1 new positions with them before attending,
+exactly as k+1 plain decode steps would.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+KV_KINDS = ("fp", "bf16", "int8", "k8v4")
+V_GROUP = 32  # the int4 V cache's group size along D
+
+
+def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x [..., D] -> (int8 [..., D], fp32 scale [...]): symmetric per row, scale = amax/127."""
+    x = x.float()
+    scale = x.abs().amax(dim=-1) / 127
+    safe = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = torch.round(x / safe[..., None]).clamp(-127, 127)  # torch.round: half to even
+    return q.to(torch.int8), scale
+
+
+def quantize_int4(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """x [..., D] -> (uint8 [..., D/2], fp32 scale [..., D/32], fp32 min [..., D/32]), asymmetric per
+    group of 32; byte j holds d = j (low nibble) and d = j + D/2 (high nibble)."""
+    D = x.shape[-1]
+    if D % (2 * V_GROUP):
+        raise ValueError(f"the int4 V cache needs a head dim that is a multiple of {2 * V_GROUP}, not {D}")
+    groups = x.float().reshape(*x.shape[:-1], D // V_GROUP, V_GROUP)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    scale = (high - low) / 15
+    safe = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = torch.round((groups - low[..., None]) / safe[..., None]).clamp(0, 15)
+    q = torch.where(scale[..., None] == 0, torch.zeros_like(q), q).to(torch.uint8).reshape(*x.shape[:-1], D)
+    return q[..., : D // 2] | (q[..., D // 2 :] << 4), scale, low
+
+
+def dequantize_int4(packed: Tensor, scale: Tensor, low: Tensor) -> Tensor:
+    """The inverse layout of `quantize_int4`, in fp32 (for references and the CPU path)."""
+    q = torch.cat([packed & 0xF, packed >> 4], dim=-1).float()
+    D = q.shape[-1]
+    q = q.reshape(*q.shape[:-1], D // V_GROUP, V_GROUP)
+    return (q * scale[..., None] + low[..., None]).reshape(*packed.shape[:-1], D)
+
+
+def new_cache(kind: str, kv_heads: int, length: int, head_dim: int, device: torch.device | str,
+              dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
+    """Empty (zeroed) cache tensors of one layer for `kind`; "fp" stores `dtype`."""
+    shape, rows = (kv_heads, length, head_dim), (kv_heads, length)
+    if kind in ("fp", "bf16"):
+        store = dtype if kind == "fp" else torch.bfloat16
+        return {name: torch.zeros(shape, dtype=store, device=device) for name in ("k", "v")}
+    cache = {"k": torch.zeros(shape, dtype=torch.int8, device=device),
+             "k_scale": torch.zeros(rows, dtype=torch.float32, device=device)}
+    if kind == "int8":
+        cache.update(v=torch.zeros(shape, dtype=torch.int8, device=device),
+                     v_scale=torch.zeros(rows, dtype=torch.float32, device=device))
+    elif kind == "k8v4":
+        groups = (kv_heads, length, head_dim // V_GROUP)
+        cache.update(v=torch.zeros(kv_heads, length, head_dim // 2, dtype=torch.uint8, device=device),
+                     v_scale=torch.zeros(groups, dtype=torch.float32, device=device),
+                     v_min=torch.zeros(groups, dtype=torch.float32, device=device))
+    else:
+        raise ValueError(f"KV cache type must be one of {', '.join(KV_KINDS)}, not {kind!r}")
+    return cache
+
+
+def write_kv(kind: str, cache: dict[str, Tensor], k: Tensor, v: Tensor, positions: Tensor) -> None:
+    """Store k, v [KVH, T, D] at slots `positions` [T] (a device tensor: no host sync), quantizing."""
+    def put(name: str, value: Tensor) -> None:
+        cache[name].index_copy_(1, positions, value.to(cache[name].dtype))
+
+    if kind in ("fp", "bf16"):
+        put("k", k), put("v", v)
+        return
+    kq, ks = quantize_int8(k)
+    put("k", kq), put("k_scale", ks)
+    if kind == "int8":
+        vq, vs = quantize_int8(v)
+        put("v", vq), put("v_scale", vs)
+    else:
+        vq, vs, vm = quantize_int4(v)
+        put("v", vq), put("v_scale", vs), put("v_min", vm)
+
+
+def dequantize_cache(kind: str, cache: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """k, v [KVH, L, D] in fp32 from any layout: the reference the kernel is tested against."""
+    if kind in ("fp", "bf16"):
+        return cache["k"].float(), cache["v"].float()
+    k = cache["k"].float() * cache["k_scale"][..., None]
+    if kind == "int8":
+        return k, cache["v"].float() * cache["v_scale"][..., None]
+    return k, dequantize_int4(cache["v"], cache["v_scale"], cache["v_min"])
+
+
+@triton.jit
+def _decode_attention_kernel(q_ptr, pos_ptr, out_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, v_min_ptr,
+                             L, sm_scale, H: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
+                             KIND: tl.constexpr, BLOCK_L: tl.constexpr):
+    """Program (t, h): out[t, h] = softmax(q[t, h] . k[h // GROUP, :pos+1]) @ v[h // GROUP, :pos+1].
+
+    KIND: 0 fp/bf16, 1 int8, 2 k8v4. Blocks of BLOCK_L slots in increasing order; fp32 throughout.
+    """
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    kvh = h // GROUP
+    pos = tl.load(pos_ptr + t)
+    d = tl.arange(0, D)
+    half = tl.arange(0, D // 2)
+    q = tl.load(q_ptr + (t * H + h) * D + d).to(tl.float32) * sm_scale
+    m = tl.max(tl.full((BLOCK_L,), float("-inf"), tl.float32), axis=0)
+    s_sum = tl.sum(tl.zeros((BLOCK_L,), tl.float32), axis=0)
+    acc = tl.zeros((D,), tl.float32)
+    acc_lo = tl.zeros((D // 2,), tl.float32)
+    acc_hi = tl.zeros((D // 2,), tl.float32)
+    for start in range(0, pos + 1, BLOCK_L):
+        slots = start + tl.arange(0, BLOCK_L)
+        live = slots <= pos
+        row = kvh * L + slots  # index of (kv head, slot) in [KVH, L]
+        k = tl.load(k_ptr + row[:, None] * D + d[None, :], mask=live[:, None], other=0).to(tl.float32)
+        scores = tl.sum(k * q[None, :], axis=1)
+        if KIND != 0:  # int8 keys: the per-slot scale multiplies the score, not every element
+            scores = scores * tl.load(k_scale_ptr + row, mask=live, other=0.0)
+        scores = tl.where(live, scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=0))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(scores - m_new)
+        s_sum = s_sum * alpha + tl.sum(p, axis=0)
+        if KIND == 2:  # V int4: low nibbles are d < D/2, high nibbles d >= D/2, groups of 32 along D
+            packed = tl.load(v_ptr + row[:, None] * (D // 2) + half[None, :], mask=live[:, None], other=0)
+            groups = row[:, None] * (D // 32) + half[None, :] // 32
+            lo_scale = tl.load(v_scale_ptr + groups, mask=live[:, None], other=0.0)
+            lo_min = tl.load(v_min_ptr + groups, mask=live[:, None], other=0.0)
+            hi_scale = tl.load(v_scale_ptr + groups + D // 64, mask=live[:, None], other=0.0)
+            hi_min = tl.load(v_min_ptr + groups + D // 64, mask=live[:, None], other=0.0)
+            lo = (packed & 0xF).to(tl.float32) * lo_scale + lo_min
+            hi = (packed >> 4).to(tl.float32) * hi_scale + hi_min
+            acc_lo = acc_lo * alpha + tl.sum(p[:, None] * lo, axis=0)
+            acc_hi = acc_hi * alpha + tl.sum(p[:, None] * hi, axis=0)
+        else:
+            v = tl.load(v_ptr + row[:, None] * D + d[None, :], mask=live[:, None], other=0).to(tl.float32)
+            if KIND == 1:
+                p = p * tl.load(v_scale_ptr + row, mask=live, other=0.0)
+            acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        m = m_new
+    out = out_ptr + (t * H + h) * D
+    if KIND == 2:
+        tl.store(out + half, (acc_lo / s_sum).to(out_ptr.dtype.element_ty))
+        tl.store(out + D // 2 + half, (acc_hi / s_sum).to(out_ptr.dtype.element_ty))
+    else:
+        tl.store(out + d, (acc / s_sum).to(out_ptr.dtype.element_ty))
+
+
+def decode_attention(q: Tensor, kind: str, cache: dict[str, Tensor], positions: Tensor, sm_scale: float,
+                     block_l: int = 64) -> Tensor:
+    """q [T, H, D] over one layer's cache -> [T, H, D] in q's dtype; row t sees slots 0..positions[t].
+
+    `positions` is a device int tensor (no host sync); every slot up to it must already be written.
+    """
+    T, H, D = q.shape
+    k = cache["k"]
+    kv_heads, L = k.shape[0], k.shape[1]
+    if H % kv_heads or D & (D - 1) or D < 64:
+        raise ValueError(f"decode_attention needs H a multiple of KVH and D a power of two >= 64; got "
+                         f"H={H}, KVH={kv_heads}, D={D}")
+    code = {"fp": 0, "bf16": 0, "int8": 1, "k8v4": 2}[kind]
+    dummy = cache.get("k_scale", k)
+    out = torch.empty_like(q)
+    _decode_attention_kernel[(T, H)](
+        q.contiguous(), positions.to(torch.int32), out, k, cache["v"], dummy, cache.get("v_scale", dummy),
+        cache.get("v_min", dummy), L, sm_scale, H=H, GROUP=H // kv_heads, D=D, KIND=code, BLOCK_L=block_l)
+    return out
