@@ -32,6 +32,7 @@ from torch import Tensor
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 KV_KINDS = ("fp", "bf16", "int8", "k8v4")
 V_GROUP = 32  # the int4 V cache's group size along D
+BLOCK_L, NUM_WARPS = 32, 4  # slots per step; at D = 128 larger blocks spill on sm_90
 
 
 def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -175,7 +176,7 @@ def _decode_attention_kernel(q_ptr, pos_ptr, out_ptr, k_ptr, v_ptr, k_scale_ptr,
 
 
 def decode_attention(q: Tensor, kind: str, cache: dict[str, Tensor], positions: Tensor, sm_scale: float,
-                     block_l: int = 64) -> Tensor:
+                     block_l: int = BLOCK_L) -> Tensor:
     """q [T, H, D] over one layer's cache -> [T, H, D] in q's dtype; row t sees slots 0..positions[t].
 
     `positions` is a device int tensor (no host sync); every slot up to it must already be written.
@@ -191,5 +192,6 @@ def decode_attention(q: Tensor, kind: str, cache: dict[str, Tensor], positions: 
     out = torch.empty_like(q)
     _decode_attention_kernel[(T, H)](
         q.contiguous(), positions.to(torch.int32), out, k, cache["v"], dummy, cache.get("v_scale", dummy),
-        cache.get("v_min", dummy), L, sm_scale, H=H, GROUP=H // kv_heads, D=D, KIND=code, BLOCK_L=block_l)
+        cache.get("v_min", dummy), L, sm_scale, H=H, GROUP=H // kv_heads, D=D, KIND=code, BLOCK_L=block_l,
+        **({} if INTERPRET else {"num_warps": NUM_WARPS}))
     return out

@@ -38,6 +38,11 @@ MAX_SPLIT_K = 16
 # to run. BLOCK_N = 256 gives each of the 4 warps 8 columns of every nibble position's dot (narrower
 # tiles leave warps computing the same columns). `parley bench kernels --sass sm_90` compiles each.
 SKINNY_TILES = [(256, 64, 4, 3), (256, 32, 4, 3)]
+SKINNY_GATED_TILES = [(256, 32, 4, 3)]  # two tiles of accumulators: half the K block, or it spills
+
+
+def skinny_tiles(gated: bool) -> list[tuple[int, int, int, int]]:
+    return SKINNY_GATED_TILES if gated else SKINNY_TILES
 GEMM_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=w, num_stages=s)
     for bm, bn, bk, w, s in [
@@ -310,12 +315,12 @@ def _sm_count(device: torch.device) -> int:
     return 132  # the interpreter: pretend an H100/H200, so CPU tests take the GPU's split choices
 
 
-def skinny_config(n_out: int, K: int, group_size: int, device: torch.device | str) -> dict:
+def skinny_config(n_out: int, K: int, group_size: int, device: torch.device | str, gated: bool = False) -> dict:
     """The skinny kernel's tile and split-K for a shape: a function of the shape and GPU only (never of
     M or of timing), so every M <= 16 runs the same arithmetic. Splits K until there are ~2 programs
     per SM (or each split has one K block)."""
     sms = _sm_count(torch.device(device))
-    block_n, block_k, warps, stages = next(t for t in SKINNY_TILES if t[1] <= group_size)
+    block_n, block_k, warps, stages = next(t for t in skinny_tiles(gated) if t[1] <= group_size)
     tiles = triton.cdiv(n_out, block_n)
     blocks = K // block_k
     split = 1
@@ -329,7 +334,7 @@ def _launch_skinny(x: Tensor, qweight: Tensor, qzeros: Tensor, scales: Tensor, g
     M, K = x.shape
     N = scales.shape[1]
     n_out = N // 2 if gated else N
-    config = dict(config or skinny_config(n_out, K, group_size, x.device))
+    config = dict(config or skinny_config(n_out, K, group_size, x.device, gated))
     split = config.pop("SPLIT_K")
     if INTERPRET:
         config.pop("num_warps", None), config.pop("num_stages", None)
