@@ -64,18 +64,20 @@ def _gemm_configs() -> list[triton.Config]:
 
 
 @triton.jit
-def _nibble_dot(x, words, zero_words, scale_words, p: tl.constexpr, UPCAST: tl.constexpr):
+def _nibble_dot(x, words, high_words, zero_words, scale_words, p: tl.constexpr, UPCAST: tl.constexpr):
     """x [16, BLOCK_K] @ (nibble p of every word, dequantized) -> fp32 [16, BLOCK_N/8].
 
-    Nibble p is moved to bit 4*(p % 3) (one shift per three nibbles, shared by the compiler) and OR-ed
-    into the mantissa of 2^23: the float is then 2^23 + q*16^(p%3) exactly, and subtracting the column's
-    2^23 + z*16^(p%3) (exact too) leaves (q - z)*16^(p%3), at most 15*256 in magnitude: exact in fp16 and
-    bf16. The column's scale, divided by 16^(p%3), multiplies the dot's result, not each weight.
+    Nibbles 0-3 are used in place and 4-7 from `high_words` (the words shifted right by 16, once for all
+    four): nibble p sits at bit 4*(p % 4). OR-ed into the mantissa of 2^23 (one LOP3: mask and magic),
+    the float is 2^23 + q*16^(p%4) exactly, and subtracting the column's 2^23 + z*16^(p%4) (exact too,
+    one FADD) leaves (q - z)*16^(p%4): at most 15*4096 in magnitude and four significant bits, so exact
+    in fp16 and bf16. The column's scale, divided by 16^(p%4), multiplies the dot's result once per
+    column, not each weight.
     """
-    shift: tl.constexpr = (p // 3) * 12
-    mask: tl.constexpr = 0xF << ((p % 3) * 4)
-    power: tl.constexpr = 1 << ((p % 3) * 4)
-    bits = ((words >> shift) & mask) | 0x4B000000
+    mask: tl.constexpr = 0xF << ((p % 4) * 4)
+    power: tl.constexpr = 1 << ((p % 4) * 4)
+    source = words if p < 4 else high_words
+    bits = (source & mask) | 0x4B000000
     z = ((zero_words >> (4 * p)) & 0xF).to(tl.float32)
     w = bits.to(tl.float32, bitcast=True) - (8388608.0 + z * power)[None, :]
     if UPCAST:  # noqa: SIM108 (the CPU interpreter multiplies bf16 tiles as raw integer bits: use fp32)
@@ -108,14 +110,23 @@ def _dequant_dot(x, qweight_ptr, qzeros_ptr, scales_ptr, k0, col0, n_valid, N,
     words = tl.load(qweight_ptr + offs_k[:, None] * (N // 8) + (col0 // 8 + c)[None, :], mask=valid[None, :],
                     other=0)
     zero_words = tl.load(qzeros_ptr + g * (N // 8) + col0 // 8 + c, mask=valid, other=0)
-    return (_nibble_dot(x, words, zero_words, _scale_slice(scales_ptr, g, N, col0, c, valid, 0), 0, UPCAST),
-            _nibble_dot(x, words, zero_words, _scale_slice(scales_ptr, g, N, col0, c, valid, 1), 1, UPCAST),
-            _nibble_dot(x, words, zero_words, _scale_slice(scales_ptr, g, N, col0, c, valid, 2), 2, UPCAST),
-            _nibble_dot(x, words, zero_words, _scale_slice(scales_ptr, g, N, col0, c, valid, 3), 3, UPCAST),
-            _nibble_dot(x, words, zero_words, _scale_slice(scales_ptr, g, N, col0, c, valid, 4), 4, UPCAST),
-            _nibble_dot(x, words, zero_words, _scale_slice(scales_ptr, g, N, col0, c, valid, 5), 5, UPCAST),
-            _nibble_dot(x, words, zero_words, _scale_slice(scales_ptr, g, N, col0, c, valid, 6), 6, UPCAST),
-            _nibble_dot(x, words, zero_words, _scale_slice(scales_ptr, g, N, col0, c, valid, 7), 7, UPCAST))
+    high_words = (words >> 16) & 0xFFFF  # logical: no sign bits to mask off later
+    return (_nibble_dot(x, words, high_words, zero_words, _scale_slice(scales_ptr, g, N, col0, c, valid, 0),
+                        0, UPCAST),
+            _nibble_dot(x, words, high_words, zero_words, _scale_slice(scales_ptr, g, N, col0, c, valid, 1),
+                        1, UPCAST),
+            _nibble_dot(x, words, high_words, zero_words, _scale_slice(scales_ptr, g, N, col0, c, valid, 2),
+                        2, UPCAST),
+            _nibble_dot(x, words, high_words, zero_words, _scale_slice(scales_ptr, g, N, col0, c, valid, 3),
+                        3, UPCAST),
+            _nibble_dot(x, words, high_words, zero_words, _scale_slice(scales_ptr, g, N, col0, c, valid, 4),
+                        4, UPCAST),
+            _nibble_dot(x, words, high_words, zero_words, _scale_slice(scales_ptr, g, N, col0, c, valid, 5),
+                        5, UPCAST),
+            _nibble_dot(x, words, high_words, zero_words, _scale_slice(scales_ptr, g, N, col0, c, valid, 6),
+                        6, UPCAST),
+            _nibble_dot(x, words, high_words, zero_words, _scale_slice(scales_ptr, g, N, col0, c, valid, 7),
+                        7, UPCAST))
 
 
 @triton.jit
