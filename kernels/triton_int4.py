@@ -399,15 +399,6 @@ def triton_int4_silu_mul(x: Tensor, qweight: Tensor, qzeros: Tensor, scales: Ten
     return (torch.nn.functional.silu(gate) * up).to(x.dtype)
 
 
-def fuse_columns(weights: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
-    """AWQ weights with the same K and group, side by side along N (q|k|v, gate|up): one launch reads
-    all of them. Each part's N must be a multiple of 8, so no packed word straddles two parts."""
-    if any(s.shape[1] % 8 for _, _, s in weights):
-        raise ValueError("fuse_columns needs every part's N to be a multiple of 8")
-    qweight, qzeros, scales = (torch.cat(parts, dim=1).contiguous() for parts in zip(*weights, strict=True))
-    return qweight, qzeros, scales
-
-
 @torch.library.custom_op("parley::int4_mm", mutates_args=())
 def int4_mm(x: Tensor, qweight: Tensor, qzeros: Tensor, scales: Tensor, group_size: int) -> Tensor:
     """`triton_int4_mm` as an opaque torch op, so `torch.compile(fullgraph=True)` and CUDA graphs take it
