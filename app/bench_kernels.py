@@ -447,7 +447,8 @@ def sass_report(arch: str) -> dict:
         sig = {"q_ptr": "*fp16", "pos_ptr": "*i32", "out_ptr": "*fp16", "k_ptr": cache,
                "v_ptr": "*u8" if kind == "k8v4" else cache, "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
                "v_min_ptr": "*fp32", "L": "i32", "sm_scale": "fp32"}
-        const = {"H": 32, "GROUP": 4, "D": 128, "KIND": code, "BLOCK_L": triton_attention.BLOCK_L}
+        const = {"H": 32, "GROUP": 4, "ROWS": 16, "D": 128, "KIND": code, "BLOCK_L": triton_attention.BLOCK_L,
+                 "UPCAST": False}
         compiled = compile_kernel(triton_attention._decode_attention_kernel, sig, const, cc,
                                   triton_attention.NUM_WARPS, 2)
         configs.append(_config_row(f"decode_attention_{kind}_d128", compiled, None, 4, marker=None))

@@ -2,10 +2,12 @@
 
 A decode or verification pass has few query rows (T <= ~16) and a long cache: the cost is reading the
 cache, so the quantized layouts are read as they are stored and dequantized in registers, never
-materialised in full precision. One program per (query row, head) walks the row's slots 0..positions[t]
-in blocks, in a fixed order, with an online softmax in fp32: a row's result depends only on that row's
-query, position and the cache, so it is bitwise the same whatever T the pass has (batch invariance,
-which keeps speculative verification equal to plain decoding).
+materialised in full precision. One program per (query row, kv head) takes the query heads sharing that
+kv head as the rows of a tensor-core tile and walks the row's slots 0..positions[t] in blocks, in a
+fixed order, with an online softmax in fp32: a row's result depends only on that row's query, position
+and the cache, so it is bitwise the same whatever T the pass has (batch invariance, which keeps
+speculative verification equal to plain decoding). Q.K runs in the query's dtype (int8 keys are exact
+in it), P.V in TF32 on the GPU (fp32 under the interpreter).
 
 Cache layouts, per layer, batch 1 (the CPU path stores the same):
 - "fp" / "bf16": k, v [KVH, L, D] in that dtype.
@@ -119,60 +121,65 @@ def dequantize_cache(kind: str, cache: dict[str, Tensor]) -> tuple[Tensor, Tenso
 
 @triton.jit
 def _decode_attention_kernel(q_ptr, pos_ptr, out_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, v_min_ptr,
-                             L, sm_scale, H: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
-                             KIND: tl.constexpr, BLOCK_L: tl.constexpr):
-    """Program (t, h): out[t, h] = softmax(q[t, h] . k[h // GROUP, :pos+1]) @ v[h // GROUP, :pos+1].
+                             L, sm_scale, H: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr,
+                             D: tl.constexpr, KIND: tl.constexpr, BLOCK_L: tl.constexpr, UPCAST: tl.constexpr):
+    """Program (t, g): the GROUP query heads of row t that share kv head g, against slots 0..pos[t].
 
-    KIND: 0 fp/bf16, 1 int8, 2 k8v4. Blocks of BLOCK_L slots in increasing order; fp32 throughout.
+    The heads are the rows of a [ROWS, D] tile (ROWS >= 16, padding masked), so both products run on
+    tensor cores and each slot's K and V are read once per group. KIND: 0 fp/bf16, 1 int8, 2 k8v4.
+    Blocks of BLOCK_L slots in increasing order; softmax statistics and accumulators in fp32.
     """
     t = tl.program_id(0)
-    h = tl.program_id(1)
-    kvh = h // GROUP
+    g = tl.program_id(1)
     pos = tl.load(pos_ptr + t)
+    head = tl.arange(0, ROWS)
+    live_head = head < GROUP
     d = tl.arange(0, D)
     half = tl.arange(0, D // 2)
-    q = tl.load(q_ptr + (t * H + h) * D + d).to(tl.float32) * sm_scale
-    m = tl.max(tl.full((BLOCK_L,), float("-inf"), tl.float32), axis=0)
-    s_sum = tl.sum(tl.zeros((BLOCK_L,), tl.float32), axis=0)
-    acc = tl.zeros((D,), tl.float32)
-    acc_lo = tl.zeros((D // 2,), tl.float32)
-    acc_hi = tl.zeros((D // 2,), tl.float32)
+    q_rows = (t * H + g * GROUP + head) * D
+    q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=live_head[:, None], other=0.0)
+    if UPCAST:  # the CPU interpreter multiplies 16-bit tiles as raw integer bits: do it in fp32
+        q = q.to(tl.float32)
+    m = tl.full((ROWS,), float("-inf"), tl.float32)
+    s_sum = tl.zeros((ROWS,), tl.float32)
+    acc = tl.zeros((ROWS, D), tl.float32)
+    acc_lo = tl.zeros((ROWS, D // 2), tl.float32)
+    acc_hi = tl.zeros((ROWS, D // 2), tl.float32)
     for start in range(0, pos + 1, BLOCK_L):
         slots = start + tl.arange(0, BLOCK_L)
         live = slots <= pos
-        row = kvh * L + slots  # index of (kv head, slot) in [KVH, L]
-        k = tl.load(k_ptr + row[:, None] * D + d[None, :], mask=live[:, None], other=0).to(tl.float32)
-        scores = tl.sum(k * q[None, :], axis=1)
-        if KIND != 0:  # int8 keys: the per-slot scale multiplies the score, not every element
-            scores = scores * tl.load(k_scale_ptr + row, mask=live, other=0.0)
-        scores = tl.where(live, scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=0))
+        row = g * L + slots  # index of (kv head, slot) in [KVH, L]
+        k = tl.load(k_ptr + row[:, None] * D + d[None, :], mask=live[:, None], other=0).to(q.dtype)
+        scores = tl.dot(q, tl.trans(k)) * sm_scale  # int8 keys: exact in fp16/bf16
+        if KIND != 0:  # the per-slot key scale multiplies the score, not every element
+            scores = scores * tl.load(k_scale_ptr + row, mask=live, other=0.0)[None, :]
+        scores = tl.where(live[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
         alpha = tl.exp(m - m_new)
-        p = tl.exp(scores - m_new)
-        s_sum = s_sum * alpha + tl.sum(p, axis=0)
+        p = tl.exp(scores - m_new[:, None])
+        s_sum = s_sum * alpha + tl.sum(p, axis=1)
         if KIND == 2:  # V int4: low nibbles are d < D/2, high nibbles d >= D/2, groups of 32 along D
             packed = tl.load(v_ptr + row[:, None] * (D // 2) + half[None, :], mask=live[:, None], other=0)
             groups = row[:, None] * (D // 32) + half[None, :] // 32
-            lo_scale = tl.load(v_scale_ptr + groups, mask=live[:, None], other=0.0)
-            lo_min = tl.load(v_min_ptr + groups, mask=live[:, None], other=0.0)
-            hi_scale = tl.load(v_scale_ptr + groups + D // 64, mask=live[:, None], other=0.0)
-            hi_min = tl.load(v_min_ptr + groups + D // 64, mask=live[:, None], other=0.0)
-            lo = (packed & 0xF).to(tl.float32) * lo_scale + lo_min
-            hi = (packed >> 4).to(tl.float32) * hi_scale + hi_min
-            acc_lo = acc_lo * alpha + tl.sum(p[:, None] * lo, axis=0)
-            acc_hi = acc_hi * alpha + tl.sum(p[:, None] * hi, axis=0)
+            lo = (packed & 0xF).to(tl.float32) * tl.load(v_scale_ptr + groups, mask=live[:, None], other=0.0) \
+                + tl.load(v_min_ptr + groups, mask=live[:, None], other=0.0)
+            hi = (packed >> 4).to(tl.float32) * tl.load(v_scale_ptr + groups + D // 64, mask=live[:, None], other=0.0) \
+                + tl.load(v_min_ptr + groups + D // 64, mask=live[:, None], other=0.0)
+            acc_lo = acc_lo * alpha[:, None] + tl.dot(p, lo, input_precision="tf32")
+            acc_hi = acc_hi * alpha[:, None] + tl.dot(p, hi, input_precision="tf32")
         else:
             v = tl.load(v_ptr + row[:, None] * D + d[None, :], mask=live[:, None], other=0).to(tl.float32)
             if KIND == 1:
-                p = p * tl.load(v_scale_ptr + row, mask=live, other=0.0)
-            acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+                p = p * tl.load(v_scale_ptr + row, mask=live, other=0.0)[None, :]
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="tf32")
         m = m_new
-    out = out_ptr + (t * H + h) * D
+    out = out_ptr + q_rows[:, None]
     if KIND == 2:
-        tl.store(out + half, (acc_lo / s_sum).to(out_ptr.dtype.element_ty))
-        tl.store(out + D // 2 + half, (acc_hi / s_sum).to(out_ptr.dtype.element_ty))
+        tl.store(out + half[None, :], (acc_lo / s_sum[:, None]).to(out_ptr.dtype.element_ty), mask=live_head[:, None])
+        tl.store(out + D // 2 + half[None, :], (acc_hi / s_sum[:, None]).to(out_ptr.dtype.element_ty),
+                 mask=live_head[:, None])
     else:
-        tl.store(out + d, (acc / s_sum).to(out_ptr.dtype.element_ty))
+        tl.store(out + d[None, :], (acc / s_sum[:, None]).to(out_ptr.dtype.element_ty), mask=live_head[:, None])
 
 
 def decode_attention(q: Tensor, kind: str, cache: dict[str, Tensor], positions: Tensor, sm_scale: float,
@@ -190,8 +197,10 @@ def decode_attention(q: Tensor, kind: str, cache: dict[str, Tensor], positions: 
     code = {"fp": 0, "bf16": 0, "int8": 1, "k8v4": 2}[kind]
     dummy = cache.get("k_scale", k)
     out = torch.empty_like(q)
-    _decode_attention_kernel[(T, H)](
+    group = H // kv_heads
+    _decode_attention_kernel[(T, kv_heads)](
         q.contiguous(), positions.to(torch.int32), out, k, cache["v"], dummy, cache.get("v_scale", dummy),
-        cache.get("v_min", dummy), L, sm_scale, H=H, GROUP=H // kv_heads, D=D, KIND=code, BLOCK_L=block_l,
+        cache.get("v_min", dummy), L, sm_scale, H=H, GROUP=group, ROWS=max(16, triton.next_power_of_2(group)),
+        D=D, KIND=code, BLOCK_L=block_l, UPCAST=INTERPRET and q.dtype != torch.float32,
         **({} if INTERPRET else {"num_warps": NUM_WARPS}))
     return out

@@ -90,7 +90,8 @@ def quantizer_results() -> dict[str, float]:
 
 
 def all_results(device: str) -> dict[str, float]:
-    results = quantizer_results()
+    # Interpreted, both products are exact fp32; on a GPU, Q.K of fp32 queries and P.V run in TF32.
+    results = {"tolerance": 1e-5 if device == "cpu" else 5e-3, **quantizer_results()}
     for kind in KINDS:
         results.update(kind_results(kind, device))
     return results
@@ -111,11 +112,12 @@ def results(request: pytest.FixtureRequest) -> dict[str, float]:
     return request.getfixturevalue("interpreted")
 
 
-# Errors relative to max|out|: fp32 accumulation over <= 40 slots; the bf16 cache is compared against
-# its own bf16 values, so every kind is held to the same float tolerance.
+# Errors relative to max|out|; the bf16 cache is compared against its own bf16 values, so every kind is
+# held to the same tolerance.
 @pytest.mark.parametrize("kind", KINDS)
 def test_kernel_matches_float64_reference(kind: str, results: dict[str, float]) -> None:
-    assert results[f"{kind}:error"] <= 1e-5, f"relative error {results[f'{kind}:error']:.2e} (seed {SEED})"
+    error = results[f"{kind}:error"]
+    assert error <= results["tolerance"], f"relative error {error:.2e} (seed {SEED})"
 
 
 @pytest.mark.parametrize("kind", KINDS)
