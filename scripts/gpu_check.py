@@ -11,6 +11,7 @@ run stays within `--budget-s` (default 420 s; scripts/gpu_check.sh adds a hard t
   split_k_stress    every split-K value launched many times on one input: outputs bitwise identical
   int4_speed        per shape at M = 1: us, GB/s and % of the peak bandwidth (4.8 TB/s on an H200)
   attention         the Triton decode attention per KV cache type at a 7B shape: error, row invariance, us
+  sdpa_backends     which SDPA backends accept a decode call with / without the boolean mask, and their us
   decode            a random-weight 7B INT4 stack: eager, torch.compile and CUDA graphs: tok/s, bytes per
                     token, % of the bandwidth limit, kernel launches per step
   batch_invariance  the model's logits for a 5-token verification pass against 5 one-token steps
@@ -274,6 +275,34 @@ def attention(run: Run) -> dict:
     return result
 
 
+def sdpa_backends(run: Run) -> dict:
+    """Which SDPA backends take a decode-shaped call (T = 1 and 5 queries over a 2,048-slot window),
+    with the boolean mask the model passes and without one, and how long each takes: what the model's
+    attention should ask for on CUDA."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    H, D, window = (4, 64, 64) if run.dry else (32, 128, 2048)
+    dtype = torch.float32 if run.dry else torch.bfloat16
+    result = {}
+    for T in (1, 5):
+        q = torch.randn(1, H, T, D, device=run.device, dtype=dtype)
+        k = torch.randn(1, H, window, D, device=run.device, dtype=dtype)
+        v = torch.randn_like(k)
+        positions = torch.arange(window - T, window, device=run.device)
+        mask = (torch.arange(window, device=run.device)[None, :] <= positions[:, None])[None, None]
+        for backend in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
+            for masked in (True, False):
+                def call(backend=backend, q=q, k=k, v=v, mask=mask if masked else None):
+                    with sdpa_kernel(getattr(SDPBackend, backend)):
+                        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                key = f"T{T}_{backend.lower()}_{'bool_mask' if masked else 'no_mask'}"
+                try:
+                    result[key] = {"us": round(timed_us(call, run), 1)}
+                except Exception as error:  # a backend refusing the call is the finding
+                    result[key] = {"unsupported": f"{type(error).__name__}: {str(error)[:160]}"}
+    return result
+
+
 # --- decode of a random-weight 7B INT4 stack ----------------------------------------------------------
 
 
@@ -432,6 +461,7 @@ def main() -> int:
     section(report, "split_k_stress", run, 20, split_k_stress)
     section(report, "int4_speed", run, 30, int4_speed)
     section(report, "attention", run, 20, attention)
+    section(report, "sdpa_backends", run, 20, sdpa_backends)
     section(report, "decode", run, 90, decode)
     section(report, "batch_invariance", run, 30, batch_invariance)
     report["ok"] = all(report.get(s, {}).get("ok", True) and "error" not in report.get(s, {}) for s in report

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SECTIONS = ["environment", "int4_correctness", "split_k_stress", "int4_speed", "attention", "decode",
+SECTIONS = ["environment", "int4_correctness", "split_k_stress", "int4_speed", "attention", "sdpa_backends", "decode",
             "batch_invariance"]
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
