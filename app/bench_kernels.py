@@ -444,14 +444,18 @@ def sass_report(arch: str) -> dict:
             configs.append(_config_row(name, compiled, kw["BLOCK_N"] * kw["BLOCK_K"], config.num_warps))
     for kind, code in (("fp16", 0), ("bf16", 0), ("int8", 1), ("k8v4", 2)):
         cache = {"fp16": "*fp16", "bf16": "*bf16", "int8": "*i8", "k8v4": "*i8"}[kind]
-        sig = {"q_ptr": "*fp16", "pos_ptr": "*i32", "out_ptr": "*fp16", "k_ptr": cache,
+        sig = {"q_ptr": "*fp16", "pos_ptr": "*i32", "part_ptr": "*fp32", "stats_ptr": "*fp32", "k_ptr": cache,
                "v_ptr": "*u8" if kind == "k8v4" else cache, "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
-               "v_min_ptr": "*fp32", "L": "i32", "sm_scale": "fp32"}
-        const = {"H": 32, "GROUP": 4, "ROWS": 16, "D": 128, "KIND": code, "BLOCK_L": triton_attention.BLOCK_L,
-                 "UPCAST": False}
+               "v_min_ptr": "*fp32", "L": "i32", "sm_scale": "fp32", "SPLITS": "i32"}
+        const = {"H": 32, "GROUP": 4, "ROWS": 16, "D": 128, "KIND": code, "CHUNK": triton_attention.CHUNK,
+                 "BLOCK_L": triton_attention.BLOCK_L, "UPCAST": False}
         compiled = compile_kernel(triton_attention._decode_attention_kernel, sig, const, cc,
                                   triton_attention.NUM_WARPS, 2)
         configs.append(_config_row(f"decode_attention_{kind}_d128", compiled, None, 4, marker=None))
+    sig = {"pos_ptr": "*i32", "part_ptr": "*fp32", "stats_ptr": "*fp32", "out_ptr": "*bf16", "SPLITS": "i32"}
+    const = {"H": 32, "D": 128, "CHUNK": triton_attention.CHUNK}
+    compiled = compile_kernel(triton_attention._combine_kernel, sig, const, cc, 4, 2)
+    configs.append(_config_row("decode_attention_combine_d128", compiled, None, 4, marker=None))
     return {"arch": arch, "triton": triton.__version__, "torch": torch.__version__,
             "note": "sass_per_weight: SASS instructions of the main loop / weights each thread handles per "
                     "iteration", "configs": configs}

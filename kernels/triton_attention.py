@@ -2,10 +2,11 @@
 
 A decode or verification pass has few query rows (T <= ~16) and a long cache: the cost is reading the
 cache, so the quantized layouts are read as they are stored and dequantized in registers, never
-materialised in full precision. One program per (query row, kv head) takes the query heads sharing that
-kv head as the rows of a tensor-core tile and walks the row's slots 0..positions[t] in blocks, in a
-fixed order, with an online softmax in fp32: a row's result depends only on that row's query, position
-and the cache, so it is bitwise the same whatever T the pass has (batch invariance, which keeps
+materialised in full precision. One program per (query row, kv head, chunk of CHUNK slots) takes the
+query heads sharing that kv head as the rows of a tensor-core tile and walks its slots in blocks, in a
+fixed order, with an online softmax in fp32; a second kernel merges the chunks in order. A row's result
+depends only on that row's query, position and the cache, so it is bitwise the same whatever T the pass
+has (batch invariance, which keeps
 speculative verification equal to plain decoding). Q.K runs in the query's dtype (int8 keys are exact
 in it), P.V in TF32 on the GPU (fp32 under the interpreter).
 
@@ -35,6 +36,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 KV_KINDS = ("fp", "bf16", "int8", "k8v4")
 V_GROUP = 32  # the int4 V cache's group size along D
 BLOCK_L, NUM_WARPS = 32, 4  # slots per step; at D = 128 larger blocks spill on sm_90
+CHUNK = 256  # slots per program: a 4,096-slot cache gives 16 programs per (row, kv head)
 
 
 def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -120,18 +122,24 @@ def dequantize_cache(kind: str, cache: dict[str, Tensor]) -> tuple[Tensor, Tenso
 
 
 @triton.jit
-def _decode_attention_kernel(q_ptr, pos_ptr, out_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, v_min_ptr,
-                             L, sm_scale, H: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr,
-                             D: tl.constexpr, KIND: tl.constexpr, BLOCK_L: tl.constexpr, UPCAST: tl.constexpr):
-    """Program (t, g): the GROUP query heads of row t that share kv head g, against slots 0..pos[t].
+def _decode_attention_kernel(q_ptr, pos_ptr, part_ptr, stats_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr,
+                             v_min_ptr, L, sm_scale, SPLITS, H: tl.constexpr, GROUP: tl.constexpr,
+                             ROWS: tl.constexpr, D: tl.constexpr, KIND: tl.constexpr, CHUNK: tl.constexpr,
+                             BLOCK_L: tl.constexpr, UPCAST: tl.constexpr):
+    """Program (t, g, c): the GROUP query heads of row t that share kv head g, against chunk c of the
+    slots 0..pos[t] (CHUNK slots each; chunks past pos[t] do nothing).
 
     The heads are the rows of a [ROWS, D] tile (ROWS >= 16, padding masked), so both products run on
     tensor cores and each slot's K and V are read once per group. KIND: 0 fp/bf16, 1 int8, 2 k8v4.
-    Blocks of BLOCK_L slots in increasing order; softmax statistics and accumulators in fp32.
+    Blocks of BLOCK_L slots in increasing order; softmax statistics and accumulators in fp32. Writes the
+    chunk's unnormalised output to part [T, H, SPLITS, D] and (max, sum) to stats [T, H, SPLITS, 2].
     """
     t = tl.program_id(0)
     g = tl.program_id(1)
+    c = tl.program_id(2)
     pos = tl.load(pos_ptr + t)
+    if c * CHUNK > pos:
+        return
     head = tl.arange(0, ROWS)
     live_head = head < GROUP
     d = tl.arange(0, D)
@@ -145,7 +153,7 @@ def _decode_attention_kernel(q_ptr, pos_ptr, out_ptr, k_ptr, v_ptr, k_scale_ptr,
     acc = tl.zeros((ROWS, D), tl.float32)
     acc_lo = tl.zeros((ROWS, D // 2), tl.float32)
     acc_hi = tl.zeros((ROWS, D // 2), tl.float32)
-    for start in range(0, pos + 1, BLOCK_L):
+    for start in range(c * CHUNK, tl.minimum(pos + 1, (c + 1) * CHUNK), BLOCK_L):
         slots = start + tl.arange(0, BLOCK_L)
         live = slots <= pos
         row = g * L + slots  # index of (kv head, slot) in [KVH, L]
@@ -173,20 +181,47 @@ def _decode_attention_kernel(q_ptr, pos_ptr, out_ptr, k_ptr, v_ptr, k_scale_ptr,
                 p = p * tl.load(v_scale_ptr + row, mask=live, other=0.0)[None, :]
             acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="tf32")
         m = m_new
-    out = out_ptr + q_rows[:, None]
+    split_row = (t * H + g * GROUP + head) * SPLITS + c  # index into [T, H, SPLITS]
+    part = part_ptr + split_row[:, None] * D
     if KIND == 2:
-        tl.store(out + half[None, :], (acc_lo / s_sum[:, None]).to(out_ptr.dtype.element_ty), mask=live_head[:, None])
-        tl.store(out + D // 2 + half[None, :], (acc_hi / s_sum[:, None]).to(out_ptr.dtype.element_ty),
-                 mask=live_head[:, None])
+        tl.store(part + half[None, :], acc_lo, mask=live_head[:, None])
+        tl.store(part + D // 2 + half[None, :], acc_hi, mask=live_head[:, None])
     else:
-        tl.store(out + d[None, :], (acc / s_sum[:, None]).to(out_ptr.dtype.element_ty), mask=live_head[:, None])
+        tl.store(part + d[None, :], acc, mask=live_head[:, None])
+    tl.store(stats_ptr + split_row * 2, m, mask=live_head)
+    tl.store(stats_ptr + split_row * 2 + 1, s_sum, mask=live_head)
+
+
+@triton.jit
+def _combine_kernel(pos_ptr, part_ptr, stats_ptr, out_ptr, SPLITS, H: tl.constexpr, D: tl.constexpr,
+                    CHUNK: tl.constexpr):
+    """Program (t, h): merge row t's chunk results for head h, chunk 0 first, into out [T, H, D]."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    chunks = tl.load(pos_ptr + t) // CHUNK + 1
+    d = tl.arange(0, D)
+    base = (t * H + h) * SPLITS
+    m = tl.load(stats_ptr + base * 2)
+    s_sum = tl.load(stats_ptr + base * 2 + 1)
+    acc = tl.load(part_ptr + base * D + d)
+    for c in range(1, chunks):
+        m_c = tl.load(stats_ptr + (base + c) * 2)
+        m_new = tl.maximum(m, m_c)
+        a, b = tl.exp(m - m_new), tl.exp(m_c - m_new)
+        s_sum = s_sum * a + tl.load(stats_ptr + (base + c) * 2 + 1) * b
+        acc = acc * a + tl.load(part_ptr + (base + c) * D + d) * b
+        m = m_new
+    tl.store(out_ptr + (t * H + h) * D + d, (acc / s_sum).to(out_ptr.dtype.element_ty))
 
 
 def decode_attention(q: Tensor, kind: str, cache: dict[str, Tensor], positions: Tensor, sm_scale: float,
-                     block_l: int = BLOCK_L) -> Tensor:
+                     block_l: int = BLOCK_L, chunk: int = CHUNK) -> Tensor:
     """q [T, H, D] over one layer's cache -> [T, H, D] in q's dtype; row t sees slots 0..positions[t].
 
     `positions` is a device int tensor (no host sync); every slot up to it must already be written.
+    Two launches: chunks of `chunk` slots in parallel (enough programs to fill the GPU at T = 1), then
+    a merge in chunk order. Chunk boundaries depend only on the slot index, so a row's result is still
+    independent of T.
     """
     T, H, D = q.shape
     k = cache["k"]
@@ -194,13 +229,20 @@ def decode_attention(q: Tensor, kind: str, cache: dict[str, Tensor], positions: 
     if H % kv_heads or D & (D - 1) or D < 64:
         raise ValueError(f"decode_attention needs H a multiple of KVH and D a power of two >= 64; got "
                          f"H={H}, KVH={kv_heads}, D={D}")
+    if chunk % block_l:
+        raise ValueError(f"chunk ({chunk}) must be a multiple of block_l ({block_l})")
     code = {"fp": 0, "bf16": 0, "int8": 1, "k8v4": 2}[kind]
     dummy = cache.get("k_scale", k)
-    out = torch.empty_like(q)
     group = H // kv_heads
-    _decode_attention_kernel[(T, kv_heads)](
-        q.contiguous(), positions.to(torch.int32), out, k, cache["v"], dummy, cache.get("v_scale", dummy),
-        cache.get("v_min", dummy), L, sm_scale, H=H, GROUP=group, ROWS=max(16, triton.next_power_of_2(group)),
-        D=D, KIND=code, BLOCK_L=block_l, UPCAST=INTERPRET and q.dtype != torch.float32,
-        **({} if INTERPRET else {"num_warps": NUM_WARPS}))
+    splits = triton.cdiv(L, chunk)
+    part = torch.empty(T, H, splits, D, dtype=torch.float32, device=q.device)
+    stats = torch.empty(T, H, splits, 2, dtype=torch.float32, device=q.device)
+    positions = positions.to(torch.int32)
+    _decode_attention_kernel[(T, kv_heads, splits)](
+        q.contiguous(), positions, part, stats, k, cache["v"], dummy, cache.get("v_scale", dummy),
+        cache.get("v_min", dummy), L, sm_scale, splits, H=H, GROUP=group,
+        ROWS=max(16, triton.next_power_of_2(group)), D=D, KIND=code, CHUNK=chunk, BLOCK_L=block_l,
+        UPCAST=INTERPRET and q.dtype != torch.float32, **({} if INTERPRET else {"num_warps": NUM_WARPS}))
+    out = torch.empty_like(q)
+    _combine_kernel[(T, H)](positions, part, stats, out, splits, H=H, D=D, CHUNK=chunk)
     return out

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed"
 KINDS = ["fp", "bf16", "int8", "k8v4"]
 SEED = 1234
 H, KVH, D, L = 4, 2, 64, 40
-POSITIONS = [0, 7, 31, 38, 39]  # one slot, partial blocks, several blocks, the last slot
+POSITIONS = [0, 7, 31, 38, 39]  # one slot, partial blocks, several chunks of 16 slots, the last slot
 
 
 def filled_cache(kind: str, device: str):
@@ -59,12 +59,12 @@ def kind_results(kind: str, device: str) -> dict[str, float]:
     q = torch.randn(len(POSITIONS), H, D, generator=torch.Generator().manual_seed(SEED + 1)).to(device)
     positions = torch.tensor(POSITIONS, device=device)
     sm_scale = D**-0.5
-    out = ta.decode_attention(q, kind, cache, positions, sm_scale, block_l=16)
+    out = ta.decode_attention(q, kind, cache, positions, sm_scale, block_l=16, chunk=16)
     ref = reference(q.cpu(), kind, cache, POSITIONS, sm_scale)
     error = ((out.double().cpu() - ref).abs().max() / ref.abs().max()).item()
-    alone = [ta.decode_attention(q[t : t + 1], kind, cache, positions[t : t + 1], sm_scale, block_l=16)
+    alone = [ta.decode_attention(q[t : t + 1], kind, cache, positions[t : t + 1], sm_scale, block_l=16, chunk=16)
              for t in range(len(POSITIONS))]
-    pair = ta.decode_attention(q[1:3], kind, cache, positions[1:3], sm_scale, block_l=16)
+    pair = ta.decode_attention(q[1:3], kind, cache, positions[1:3], sm_scale, block_l=16, chunk=16)
     same = all(torch.equal(a[0], out[t]) for t, a in enumerate(alone)) and torch.equal(pair, out[1:3])
     return {f"{kind}:error": error, f"{kind}:row_invariant": float(same)}
 
