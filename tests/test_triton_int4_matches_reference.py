@@ -42,6 +42,10 @@ CASES: list[Case] = (
         (33, 4096, 192, 64, "bfloat16"),
     ]
 )
+# The interpreter runs every program in Python, so on CPU only a subset: M = 1 (skinny) and 33 (GEMM) of
+# the layer shapes plus the pairwise cover. M = 2..16 share M = 1's arithmetic bit for bit (checked by
+# test_rows_are_bitwise_the_same_for_every_m_up_to_16), so their errors are M = 1's.
+INTERPRETED_CASES = [c for c in CASES[:20] if c[0] in (1, 33)] + CASES[20:]
 PREPARE_CASE = "prepare_fp32_3d"  # the fp32 [B, T, K] -> [B, T, N] wrapper around the kernels
 SCRATCH_CASE = "split_k_scratch"  # what the split-K workspaces hold after every case has run
 
@@ -98,7 +102,8 @@ def scratch_left(device: str) -> float:
 
 
 def all_errors(device: str) -> dict[str, float]:
-    errors = {case_id(case): case_error(case, device) for case in CASES}
+    cases = INTERPRETED_CASES if device == "cpu" else CASES
+    errors = {case_id(case): case_error(case, device) for case in cases}
     errors[PREPARE_CASE] = prepare_error(device)
     errors[SCRATCH_CASE] = scratch_left(device)
     errors.update(interpreted_config_errors())
@@ -108,7 +113,7 @@ def all_errors(device: str) -> dict[str, float]:
 @pytest.fixture(scope="module")
 def interpreted_errors() -> dict[str, float]:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -120,7 +125,10 @@ def measured_error(request: pytest.FixtureRequest, device: str, key: str, comput
     """Run natively on CUDA; otherwise read the interpreted child's result."""
     if device == "cuda":
         return compute()
-    return request.getfixturevalue("interpreted_errors")[key]
+    results = request.getfixturevalue("interpreted_errors")
+    if key not in results:
+        pytest.skip("the interpreter runs a subset of the cases (see INTERPRETED_CASES); CUDA runs them all")
+    return results[key]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -173,8 +181,8 @@ def row_invariance(device: str) -> dict[str, float]:
 
     result = {}
     for dtype_name, dtype in DTYPES.items():
-        qweight, qzeros, scales = awq_weight(1536, 576, 128, dtype, device, seed=5)
-        x = torch.randn(16, 1536, generator=torch.Generator().manual_seed(16)).to(dtype).to(device)
+        qweight, qzeros, scales = awq_weight(1024, 576, 128, dtype, device, seed=5)
+        x = torch.randn(16, 1024, generator=torch.Generator().manual_seed(16)).to(dtype).to(device)
         full = int4_mm(x, qweight, qzeros, scales, 128)
         gated = triton_int4_silu_mul(x, qweight, qzeros, scales, 128)
         same = all(torch.equal(int4_mm(x[:m], qweight, qzeros, scales, 128), full[:m])
