@@ -85,6 +85,10 @@ def section(report: dict, name: str, run: Run, need_s: float, fn: Callable[[Run]
         report[name] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-3000:]}
     report[name]["seconds"] = round(time.monotonic() - start, 1)
     log(f"{name} done in {report[name]['seconds']} s")
+    partial = os.environ.get("GPU_CHECK_PARTIAL")
+    if partial:  # what is known so far, for gpu_check.sh to print if a hard timeout ends the run
+        with open(partial, "w") as f:
+            json.dump({**report, "ok": False, "incomplete": f"stopped after {name}"}, f)
 
 
 # --- environment ---------------------------------------------------------------------------------

@@ -23,10 +23,18 @@ if [ "${1:-}" = "--dry" ]; then
   export TRITON_INTERPRET=1
 fi
 
-# 420 s of sections plus start-up and the last section's overrun stay under the 480 s hard limit.
+# 420 s of sections plus start-up and the last section's overrun stay under the 480 s hard limit; if
+# that limit ends the run, the sections finished so far are printed (marked "incomplete").
+export GPU_CHECK_PARTIAL="$OUT/gpu_check.partial.json"
 status=0
 timeout -k 10 480 "$PY" "$repo/scripts/gpu_check.py" "$@" --budget-s 420 > "$OUT/gpu_check.json" \
   2> >(tee "$OUT/gpu_check.log" >&2) || status=$?
-cat "$OUT/gpu_check.json"
+if [ -s "$OUT/gpu_check.json" ]; then
+  cat "$OUT/gpu_check.json"
+elif [ -s "$GPU_CHECK_PARTIAL" ]; then
+  cat "$GPU_CHECK_PARTIAL"; echo
+else
+  echo '{"ok": false, "incomplete": "no section finished; see the log"}'
+fi
 echo "gpu_check: exit $status; JSON and log in $OUT" >&2
 exit $status
