@@ -8,13 +8,17 @@ Two kernels, both accumulating in fp32; no dense weight ever exists in memory.
   output tiles, so K is split across programs (split-K) to fill the GPU; each split stores its partial
   sums in a workspace and the last one to finish a tile (an atomic ticket) adds them up in split order,
   so the reduction is deterministic and the layer stays one launch. Optional epilogue: SiLU(gate)*up over
-  a [gate | up] weight (`fused_gate_up`).
+  a [gate | up] weight (`triton_int4_silu_mul`, and `kernels.prepare_gate_up`).
 - `_int4_gemm_kernel`, prefill: one output tile per program, grouped launch order for L2 reuse.
 
 Dequantisation in the skinny kernel is a bit trick rather than shifts, masks and an int-to-float per
 weight: a nibble masked into the low mantissa of the float 2^23 (0x4B000000) *is* the float 2^23 + q*16^p,
 so one LOP3 and one FADD (which also takes the zero point off, exactly) give (q - z)*16^p, and the scale
-(with 16^-p folded in) is applied once per group to the dot product's result, not per weight.
+(with 16^-p folded in) is applied once per group to the dot product's result, not per weight. Each of
+the eight nibble positions gets its own dot (columns 8c + AWQ's order[p]), so the packed words reach the
+dot's operand layout whole and no dequantized weight crosses threads. On sm_90 this is ~6.3 SASS
+instructions per weight in the main loop (`parley bench kernels --sass sm_90`); reaching ~3 needs
+lop3/prmt half2 dequantisation in inline PTX with weights reordered to the MMA fragment (Marlin's way).
 """
 
 from __future__ import annotations
