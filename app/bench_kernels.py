@@ -54,9 +54,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-7b", action="store_true", help="only the embedded model's shapes")
     parser.add_argument("--head-accuracy", action="store_true",
                         help="also score prepare_head on the default model's real hidden states")
+    parser.add_argument("--sass", metavar="ARCH", default=None,
+                        help="instead of timing: compile every Triton config for ARCH (e.g. sm_90) without a GPU "
+                             "and report registers, spills, shared memory and SASS instructions per weight")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.sass:
+        report = sass_report(args.sass)
+        if args.json:
+            print(json.dumps(report))
+        else:
+            print_sass_report(report)
+        return 0
     torch.manual_seed(0)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -338,11 +348,122 @@ def print_report(report: dict) -> None:
     print(f"peak RSS {report['peak_rss_mib']} MiB")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="parley bench kernels", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args())
+# --- `--sass ARCH`: what each Triton config compiles to, without a GPU ------------------------------------
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def _triton_bin(tool: str) -> str:
+    import os
+
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", tool)
+
+
+def compile_kernel(fn, signature: dict, constexprs: dict, arch: int, num_warps: int, num_stages: int):
+    """triton.compile for a CUDA arch (e.g. 90) on a machine without a GPU: Triton ships ptxas."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    source = ASTSource(fn=fn, signature={**signature, **dict.fromkeys(constexprs, "constexpr")}, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def disassemble(cubin: bytes) -> tuple[str, int]:
+    """(SASS text, registers per thread) of a cubin, from the nvdisasm and cuobjdump Triton ships."""
+    import re
+    import subprocess
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([_triton_bin("cuobjdump"), "--dump-resource-usage", f.name],
+                               capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([_triton_bin("nvdisasm"), "-c", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    return sass, int(re.search(r"REG:(\d+)", usage).group(1))
+
+
+def inner_loop(sass: str, marker: str | None = "MMA") -> list[str]:
+    """The instructions of the longest loop (a backward branch's span) that contains `marker`
+    (any loop if None): the kernel's main loop, which the per-weight cost is counted over."""
+    import re
+
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", line))}
+    best: list[str] = []
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", line)
+        if m and labels.get(m.group(1), i) < i:
+            body = [x for x in lines[labels[m.group(1)]: i + 1] if re.match(r"^\s+/\*[0-9a-f]{4,}\*/", x)]
+            if (marker is None or any(marker in x for x in body)) and len(body) > len(best):
+                best = body
+    return best
+
+
+def _config_row(name: str, compiled, weights_per_iteration: int | None, num_warps: int,
+                marker: str | None = "MMA") -> dict:
+    sass, registers = disassemble(compiled.asm["cubin"])
+    spills = sum(1 for line in sass.splitlines() if " STL" in line or " LDL" in line)
+    loop = inner_loop(sass, marker)
+    row = {"name": name, "registers": registers, "spills": spills, "shared_bytes": compiled.metadata.shared,
+           "loop_instructions": len(loop)}
+    if weights_per_iteration:
+        row["sass_per_weight"] = round(len(loop) / (weights_per_iteration / (32 * num_warps)), 2)
+    return row
+
+
+def sass_report(arch: str) -> dict:
+    """Every config of the INT4 kernels and the decode-attention kernel, compiled for `arch`."""
+    import triton
+
+    from parley.kernels import triton_attention, triton_int4
+
+    cc = int(arch.lower().removeprefix("sm_").rstrip("a"))
+    configs = []
+    ptr = {"x_ptr": "*{dt}", "qweight_ptr": "*i32", "qzeros_ptr": "*i32", "scales_ptr": "*{dt}", "out_ptr": "*{dt}"}
+    for dt in ("fp16", "bf16"):
+        base = {k: v.format(dt=dt) for k, v in ptr.items()}
+        for gated in (False, True):
+            for block_n, block_k, warps, stages in triton_int4.skinny_tiles(gated):
+                sig = {**base, "workspace_ptr": "*fp32", "tickets_ptr": "*i32", "M": "i32", "N": "i32",
+                       "K": "i32", "stride_xm": "i32", "SPLIT_K": "i32"}
+                const = {"GROUP_SIZE": 128, "GATED": gated, "UPCAST": False, "BLOCK_N": block_n, "BLOCK_K": block_k}
+                compiled = compile_kernel(triton_int4._int4_skinny_kernel, sig, const, cc, warps, stages)
+                name = f"skinny_{dt}_n{block_n}_k{block_k}_w{warps}{'_silu_mul' if gated else ''}"
+                configs.append(_config_row(name, compiled, block_n * block_k * (2 if gated else 1), warps))
+        for config in triton_int4.GEMM_CONFIGS:
+            kw = config.kwargs
+            sig = {**base, "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "M_BUCKET": "i32"}
+            const = {"GROUP_SIZE": 128, "UPCAST": False, **kw}
+            compiled = compile_kernel(triton_int4._int4_gemm_kernel.fn, sig, const, cc, config.num_warps,
+                                      config.num_stages)
+            name = f"gemm_{dt}_m{kw['BLOCK_M']}_n{kw['BLOCK_N']}_k{kw['BLOCK_K']}_w{config.num_warps}"
+            configs.append(_config_row(name, compiled, kw["BLOCK_N"] * kw["BLOCK_K"], config.num_warps))
+    for kind, code in (("fp16", 0), ("bf16", 0), ("int8", 1), ("k8v4", 2)):
+        cache = {"fp16": "*fp16", "bf16": "*bf16", "int8": "*i8", "k8v4": "*i8"}[kind]
+        sig = {"q_ptr": "*fp16", "pos_ptr": "*i32", "part_ptr": "*fp32", "stats_ptr": "*fp32", "k_ptr": cache,
+               "v_ptr": "*u8" if kind == "k8v4" else cache, "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
+               "v_min_ptr": "*fp32", "L": "i32", "sm_scale": "fp32", "SPLITS": "i32"}
+        const = {"H": 32, "GROUP": 4, "ROWS": 16, "D": 128, "KIND": code, "CHUNK": triton_attention.CHUNK,
+                 "BLOCK_L": triton_attention.BLOCK_L, "UPCAST": False}
+        compiled = compile_kernel(triton_attention._decode_attention_kernel, sig, const, cc,
+                                  triton_attention.NUM_WARPS, 2)
+        configs.append(_config_row(f"decode_attention_{kind}_d128", compiled, None, 4, marker=None))
+    sig = {"pos_ptr": "*i32", "part_ptr": "*fp32", "stats_ptr": "*fp32", "out_ptr": "*bf16", "SPLITS": "i32"}
+    const = {"H": 32, "D": 128, "CHUNK": triton_attention.CHUNK}
+    compiled = compile_kernel(triton_attention._combine_kernel, sig, const, cc, 4, 2)
+    configs.append(_config_row("decode_attention_combine_d128", compiled, None, 4, marker=None))
+    return {"arch": arch, "triton": triton.__version__, "torch": torch.__version__,
+            "note": "sass_per_weight: SASS instructions of the main loop / weights each thread handles per "
+                    "iteration", "configs": configs}
+
+
+def print_sass_report(report: dict) -> None:
+    print(f"Triton {report['triton']} for {report['arch']} (compiled offline)")
+    print(f"{'config':44} {'regs':>5} {'spills':>6} {'smem B':>7} {'loop':>5} {'SASS/weight':>12}")
+    for c in report["configs"]:
+        print(f"{c['name']:44} {c['registers']:5} {c['spills']:6} {c['shared_bytes']:7} {c['loop_instructions']:5}"
+              f" {c.get('sass_per_weight', '-'):>12}")

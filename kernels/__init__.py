@@ -20,7 +20,8 @@ from . import reference
 from .cpu_int4 import INT4_GROUP_SIZES, CpuInt4Linear, CpuInt8Linear, quantize_rtn_int4
 from .reference import dequantize
 
-__all__ = ["Matmul", "backend", "dequantize", "int4_linear", "prepare", "prepare_head"]
+__all__ = ["Matmul", "backend", "dequantize", "fuse_columns", "int4_linear", "prepare", "prepare_gate_up",
+           "prepare_head"]
 
 
 class Matmul(Protocol):
@@ -80,6 +81,41 @@ def prepare(qweight: Tensor, qzeros: Tensor, scales: Tensor, group_size: int) ->
     if kind == "triton":
         return TritonInt4Linear(qweight, qzeros, scales, group_size)
     return CpuInt4Linear.from_awq(qweight, qzeros, scales, group_size)
+
+
+def fuse_columns(weights: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
+    """AWQ weights (qweight, qzeros, scales) with the same K and group side by side along N: q|k|v or
+    gate|up read in one launch. Each part's N must be a multiple of 8 (no packed word straddles two)."""
+    if any(scales.shape[1] % 8 for _, _, scales in weights):
+        raise ValueError("fuse_columns needs every part's N to be a multiple of 8")
+    qweight, qzeros, scales = (torch.cat(parts, dim=1).contiguous() for parts in zip(*weights, strict=True))
+    return qweight, qzeros, scales
+
+
+class GateUp:
+    """SiLU(x @ W_gate) * (x @ W_up) from the fused [gate | up] weight. On CUDA one skinny-kernel launch
+    with the product in its epilogue (M <= 16); elsewhere the fused matmul, then SiLU and the product."""
+
+    def __init__(self, qweight: Tensor, qzeros: Tensor, scales: Tensor, group_size: int) -> None:
+        self.fused = prepare(qweight, qzeros, scales, group_size)
+
+    def matmul(self, x: Tensor) -> Tensor:
+        if isinstance(self.fused, TritonInt4Linear):
+            from .triton_int4 import int4_silu_mul
+
+            f = self.fused
+            lead, K = x.shape[:-1], x.shape[-1]
+            compute = x.dtype if x.dtype in (torch.float16, torch.bfloat16) else f.scales.dtype
+            y = int4_silu_mul(x.reshape(-1, K).to(compute), f.qweight, f.qzeros, f.scales, f.group_size)
+            return y.to(x.dtype).reshape(*lead, y.shape[-1])
+        gate, up = self.fused.matmul(x).chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+def prepare_gate_up(gate: tuple[Tensor, Tensor, Tensor], up: tuple[Tensor, Tensor, Tensor],
+                    group_size: int) -> Matmul:
+    """An MLP's gate and up projections as one weight whose `.matmul(x)` is SiLU(x W_gate) * (x W_up)."""
+    return GateUp(*fuse_columns([gate, up]), group_size)
 
 
 def int4_linear(x: Tensor, qweight: Tensor, qzeros: Tensor, scales: Tensor, group_size: int) -> Tensor:
