@@ -62,11 +62,8 @@ def nucleus(p: Tensor, top_p: float) -> Tensor:
         if m >= v or bool((covered[..., -1] >= top_p).all()):
             break  # every token past the head has at least `covered` above it: all are dropped
     before = torch.cat([torch.zeros_like(covered[..., :1]), covered[..., :-1]], dim=-1)
-    # The mass strictly above a token is `before` at the first token of its run of equal values.
-    first = torch.ones_like(top, dtype=torch.bool)
-    first[..., 1:] = top[..., 1:] != top[..., :-1]
-    above = torch.where(first, before, 0.0).cummax(-1).values
-    kept = (above < top_p).sum(-1, keepdim=True)  # a prefix of the head, at least 1 long
+    kept = (before < top_p).sum(-1, keepdim=True)  # a prefix of the head, at least 1 long
+    # A threshold on the value of the last kept token also keeps the tokens tied with it.
     return p.masked_fill(p < top.gather(-1, kept - 1), 0.0)
 
 
