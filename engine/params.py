@@ -72,7 +72,8 @@ def checked(live: GenerationParams, previous: GenerationParams) -> tuple[Generat
         return params, None
     for name, _ in bad:
         setattr(params, name, getattr(previous, name))
-    return params, "; ".join(f"{message}; keeping {name}={getattr(previous, name)!r}" for name, message in bad)
+    why = "; ".join(f"{message}; keeping the previous {name}={getattr(previous, name)!r}" for name, message in bad)
+    return params, why
 
 
 def _number(value: object, lo: float, hi: float) -> bool:

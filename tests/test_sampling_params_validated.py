@@ -41,6 +41,6 @@ def test_checked_keeps_the_previous_value_of_each_invalid_field_and_says_why():
     params, why = checked(live, previous)
     assert (params.temperature, params.top_p, params.min_p) == (1.2, 0.9, 0.05)
     params.validate()
-    assert why == ("top_p=0.0 is out of range: expected a number in (0, 1] (1 = off); keeping top_p=0.9; "
-                   "min_p=1.5 is out of range: expected a number in [0, 1) (0 = off); keeping min_p=0.05")
+    assert why == ("top_p=0.0 is out of range: expected a number in (0, 1] (1 = off); keeping the previous top_p=0.9; "
+                   "min_p=1.5 is out of range: expected a number in [0, 1) (0 = off); keeping the previous min_p=0.05")
     assert (live.top_p, live.min_p) == (0.0, 1.5)  # the live object is the UI's: never written
