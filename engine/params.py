@@ -40,7 +40,7 @@ class GenerationParams:
             ("frequency_penalty", _number(self.frequency_penalty, -2.0, 2.0), "a number between -2 and 2 (0 = off)"),
             ("presence_penalty", _number(self.presence_penalty, -2.0, 2.0), "a number between -2 and 2 (0 = off)"),
             ("max_new_tokens", _integer(self.max_new_tokens, 1), "a positive integer"),
-            ("seed", self.seed is None or _integer(self.seed, 0), "none (random) or a non-negative integer"),
+            ("seed", self.seed is None or _integer(self.seed, -2**63, 2**64 - 1), "none (random) or a 64-bit integer"),
             ("speculation", self.speculation in SPECULATION_MODES, "one of " + ", ".join(SPECULATION_MODES)),
             ("draft_tokens", _integer(self.draft_tokens, 1, 16), "an integer between 1 and 16"),
         ]

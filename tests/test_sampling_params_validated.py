@@ -13,7 +13,7 @@ BAD = [("temperature", -1.0), ("temperature", 11.0), ("temperature", math.nan), 
        ("min_p", 1.0), ("min_p", 1.5), ("min_p", -0.1), ("repeat_penalty", 0.0), ("repeat_penalty", -1.1),
        ("repeat_penalty", math.inf), ("repeat_last_n", -2), ("repeat_last_n", 1.5),
        ("frequency_penalty", 2.5), ("frequency_penalty", math.nan), ("presence_penalty", -3.0),
-       ("max_new_tokens", 0), ("seed", -1), ("speculation", "fast"), ("draft_tokens", 40),
+       ("max_new_tokens", 0), ("seed", 2**64), ("seed", 1.5), ("speculation", "fast"), ("draft_tokens", 40),
        ("temperature", "0.7"), ("top_p", True), ("top_k", None)]
 
 
@@ -26,7 +26,7 @@ def test_out_of_range_params_name_the_field(field, value):
 def test_defaults_and_edges_are_valid():
     GenerationParams().validate()
     GenerationParams(temperature=0, top_p=1, top_k=0, min_p=0, repeat_penalty=10, repeat_last_n=-1,
-                     frequency_penalty=-2, presence_penalty=2, seed=0, draft_tokens=16).validate()
+                     frequency_penalty=-2, presence_penalty=2, seed=-5, draft_tokens=16).validate()
 
 
 def test_checked_passes_a_valid_snapshot_through():
