@@ -43,7 +43,10 @@ def probs(logits: Tensor, params: GenerationParams, history: list[int] | None = 
         # Against the tempered maximum; top-p never drops the maximum, and renormalising would not
         # move the ratio, so this is also min-p of the nucleus.
         p = p.masked_fill(p < params.min_p * p.amax(-1, keepdim=True), 0.0)
-    return p / p.sum(-1, keepdim=True)
+    # Each row's total on its own: with several threads a [T, V] sum and a [1, V] sum split a row
+    # differently, and a verification row would differ in its last bits from plain decoding's.
+    total = torch.stack([row.sum() for row in p.reshape(-1, p.shape[-1])])
+    return p / total.reshape(*p.shape[:-1], 1)
 
 
 def nucleus(p: Tensor, top_p: float) -> Tensor:
