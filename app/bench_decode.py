@@ -67,10 +67,7 @@ def weight_bytes_per_token(engine) -> int:
     """Bytes of weights a decode step reads: every decoder and head weight, plus one embedding row."""
     model = engine.model
     if model.native is not None:
-        keep = model.native.keep
-        total = sum(t.numel() * t.element_size() for t in keep)
-        rope = 2 * model.config.max_seq_len * model.config.head_dim // 2 * 4  # tables: one row read per token
-        return total - rope + model.config.dim * 4
+        return model.native.weight_bytes
     total = 0
     seen: set[int] = set()
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):

@@ -63,6 +63,12 @@ class NativeStep:
         else:
             head = native.lin(native.W_F32, c.vocab_size, c.dim, w=self._keep(head_w.detach().contiguous()))
         self.head_bits = head_bits
+        # What a decode step reads: every layer and head weight once, plus one embedding row.
+        embed = model.embed_tokens.weight
+        self.weight_bytes = sum(t.numel() * t.element_size() for t in self.keep
+                                if t.data_ptr() != embed.data_ptr()) + c.dim * 4
+        if head_bits != 8 and c.tie_embeddings:
+            self.weight_bytes += embed.numel() * 4
         angles = torch.arange(c.max_seq_len, dtype=torch.float32)[:, None] * model.inv_freq.float()
         cos, sin = self._keep(angles.cos().contiguous()), self._keep(angles.sin().contiguous())
         self.md = native.Model(c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.intermediate_size,

@@ -9,6 +9,7 @@ over everything the cache holds up to each position. Parameter names follow Hugg
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +18,7 @@ from torch import Tensor, nn
 from .config import ModelConfig
 
 KV_CACHE_TYPES = ("fp", "bf16", "int8", "k8v4")
+USE_TRITON_ATTENTION = os.environ.get("PARLEY_TRITON_ATTENTION", "1") != "0"
 
 
 def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -96,6 +98,11 @@ class KVCache(nn.Module):
         total = sum(getattr(self, f"{n}{0}").element_size() * getattr(self, f"{n}{0}")[0, :, 0].numel()
                     for n in ("k", "v", "ks", "vs", "vm") if hasattr(self, f"{n}0"))
         return total * self.n_layers
+
+    def layer_tensors(self, layer: int) -> dict[str, Tensor]:
+        """One layer's buffers as [KVH, L, ...] views, named as kernels/triton_attention.py names them."""
+        names = {"k": "k", "v": "v", "ks": "k_scale", "vs": "v_scale", "vm": "v_min"}
+        return {new: getattr(self, f"{old}{layer}")[0] for old, new in names.items() if hasattr(self, f"{old}{layer}")}
 
     def truncate(self, length: int) -> None:
         if not 0 <= length <= self.max_len:
@@ -211,6 +218,15 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if x.is_cuda and T <= 16 and B == 1 and USE_TRITON_ATTENTION:
+            # Decode and verification on CUDA: the Triton kernel reads the cache in its stored form, each
+            # row up to its own position (no mask), in a fixed order: batch invariant, graph-capturable.
+            from ..kernels.triton_attention import decode_attention, write_kv
+
+            layer = cache.layer_tensors(self.layer)
+            write_kv(cache.kind, layer, k[0], v[0], pos)
+            y = decode_attention(q[0].transpose(0, 1), cache.kind, layer, pos, self.head_dim ** -0.5)
+            return self.o_proj(y.reshape(B, T, self.n_heads * self.head_dim))
         k, v = cache.update(self.layer, pos, k, v, window)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv_heads)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
