@@ -10,6 +10,7 @@ from pathlib import Path
 from fake_engine import FakeEngine, loader
 
 from parley.app.chat_app import ParleyApp
+from parley.app.settings import Settings
 from parley.app.store import Store
 
 
@@ -24,11 +25,12 @@ async def wait_until(predicate: Callable[[], object], timeout: float = 5.0, inte
 
 def make_app(tmp_path: Path, engine: FakeEngine | None = None, *, app_class: type[ParleyApp] = ParleyApp,
              **kwargs) -> tuple[ParleyApp, FakeEngine]:
-    """A ParleyApp on the fake engine with its database and exports under `tmp_path`."""
+    """A ParleyApp on the fake engine with its database, settings and exports under `tmp_path`."""
     engine = engine or FakeEngine()
     load = kwargs.pop("load", None) or loader(engine)
     store = kwargs.pop("store", None) or Store(tmp_path / "parley.db")
-    app = app_class(load, store=store, export_dir=tmp_path, **kwargs)
+    settings = kwargs.pop("settings", None) or Settings(tmp_path / "settings.json")
+    app = app_class(load, store=store, settings=settings, export_dir=tmp_path, **kwargs)
     return app, engine
 
 

@@ -1,4 +1,4 @@
-"""A scripted stand-in for `parley.engine.engine.Engine`: same API, known tokens, controlled rate.
+"""A scripted stand-in for `parley.engine.engine.Engine` (an `EngineLike`): known tokens, controlled rate.
 
 Every `reply` call is recorded with the messages it got and the params snapshot of each round, so a
 test can check what the UI sent and when a slider change reached the engine.
@@ -10,8 +10,9 @@ import re
 import threading
 from dataclasses import dataclass, field
 
-from parley.engine.events import Done, Stats, TextDelta
+from parley.engine.events import Done, Notice, Stats, TextDelta
 from parley.engine.params import GenerationParams
+from parley.engine.protocol import Capabilities
 from parley.models.progress import Progress, ProgressFn
 
 DEFAULT_REPLY = (
@@ -57,7 +58,16 @@ class FakeSession:
                 yield Done("cancelled")
                 return
             call.shown += token
-            yield TextDelta(token)
+            if i in engine.notices:
+                yield Notice(engine.notices[i])
+            # Every other token "came from an accepted draft" when speculating, so the view can be checked.
+            drafted = len(token) if engine.drafted and params.speculation != "off" and i % 2 else 0
+            yield TextDelta(token, draft_chars=drafted)
+            if engine.stop_at_window and prompt_tokens + i + 1 >= engine.context_window:
+                call.reason = "length"
+                yield self._stats(i + 1, prompt_tokens, params)
+                yield Done("length", f"the context window ({engine.context_window:,} tokens) is full")
+                return
             if (engine.stats_every and (i + 1) % engine.stats_every == 0) or i + 1 == len(tokens):
                 yield self._stats(i + 1, prompt_tokens, params)
             if i + 1 >= params.max_new_tokens:
@@ -79,6 +89,7 @@ class FakeSession:
             prompt_tokens=prompt_tokens,
             context_tokens=prompt_tokens + n,
             context_window=self.engine.context_window,
+            drafter=("prompt lookup" if speculating else ""),
         )
 
 
@@ -87,12 +98,23 @@ class FakeEngine:
     quantization = "awq-int4"
 
     def __init__(self, replies: list[str] | None = None, *, delay: float = 0.0, context_window: int = 4096,
-                 fail_at: int | None = None, stats_every: int | None = 8) -> None:
+                 fail_at: int | None = None, stats_every: int | None = 8, model_name: str | None = None,
+                 quantization: str | None = None, capabilities: Capabilities | None = None,
+                 notices: dict[int, str] | None = None, drafted: bool = False,
+                 stop_at_window: bool = False) -> None:
         self.replies = replies or [DEFAULT_REPLY]
         self.delay = delay
         self.context_window = context_window
         self.fail_at = fail_at
-        self.stats_every = stats_every  # None: Stats only at the end, like the real engine today
+        self.stats_every = stats_every  # None: Stats only at the end
+        if model_name is not None:
+            self.model_name = model_name
+        if quantization is not None:
+            self.quantization = quantization
+        self.capabilities = capabilities or Capabilities()
+        self.notices = notices or {}  # token index -> a Notice yielded before that token
+        self.drafted = drafted  # mark every other token as from an accepted draft
+        self.stop_at_window = stop_at_window  # end with Done("length") when the window is full
         self.calls: list[ReplyCall] = []
         self.sessions: list[FakeSession] = []
 
