@@ -44,3 +44,29 @@ async def send(app: ParleyApp, pilot, text: str) -> None:
     app.prompt.focus()
     app.prompt.load_text(text)
     await pilot.press("enter")
+
+
+def key_event(key: str):
+    """The Key event a terminal would send for `key` ('a', 'ctrl+j', 'space', ...), as Pilot builds it."""
+    import unicodedata
+
+    from textual import events
+    from textual.app import _character_to_key
+    from textual.keys import REPLACED_KEYS, _get_unicode_name_from_key
+
+    if len(key) == 1 and not key.isalnum():
+        key = _character_to_key(key)
+    try:
+        char = unicodedata.lookup(_get_unicode_name_from_key(REPLACED_KEYS.get(key, key)))
+    except KeyError:
+        char = key if len(key) == 1 else None
+    return events.Key(key, char)
+
+
+def burst(app: ParleyApp, keys: list[str]) -> None:
+    """Send `keys` as one burst, with no pause between them (a fast typist, or a terminal's paste
+    without bracketed-paste mode): all are queued before the app handles the first."""
+    for key in keys:
+        event = key_event(key)
+        event.set_sender(app)
+        app._driver.send_message(event)

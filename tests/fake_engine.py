@@ -48,10 +48,15 @@ class FakeSession:
         tokens = split_tokens(engine.replies[min(len(engine.calls) - 1, len(engine.replies) - 1)])
         cancel = cancel or threading.Event()
         prompt_tokens = sum(engine.count_tokens(m["content"]) for m in messages)
+        hold_at = engine.hold_at if len(engine.calls) == 1 else None
         for i, token in enumerate(tokens):
             call.snapshots.append(params.snapshot())
             if i == engine.fail_at:
                 raise RuntimeError("scripted failure")
+            if i == hold_at:  # a test looks at the reply mid-stream, for as long as it needs
+                engine.holding.set()
+                while not engine.release.wait(0.01) and not cancel.is_set():
+                    pass
             # Waiting on the cancel event keeps the rate controlled and the stop prompt.
             if cancel.wait(engine.delay) or cancel.is_set():
                 call.reason = "cancelled"
@@ -101,7 +106,7 @@ class FakeEngine:
                  fail_at: int | None = None, stats_every: int | None = 8, model_name: str | None = None,
                  quantization: str | None = None, capabilities: Capabilities | None = None,
                  notices: dict[int, str] | None = None, drafted: bool = False,
-                 stop_at_window: bool = False) -> None:
+                 stop_at_window: bool = False, hold_at: int | None = None) -> None:
         self.replies = replies or [DEFAULT_REPLY]
         self.delay = delay
         self.context_window = context_window
@@ -115,6 +120,11 @@ class FakeEngine:
         self.notices = notices or {}  # token index -> a Notice yielded before that token
         self.drafted = drafted  # mark every other token as from an accepted draft
         self.stop_at_window = stop_at_window  # end with Done("length") when the window is full
+        # Hold the first reply before its token `hold_at` (that round's params already read) until
+        # `release` is set; `holding` says it got there. Only the first reply holds.
+        self.hold_at = hold_at
+        self.holding = threading.Event()
+        self.release = threading.Event()
         self.calls: list[ReplyCall] = []
         self.sessions: list[FakeSession] = []
 

@@ -59,6 +59,12 @@ class PromptInput(TextArea):
             event.stop()
             event.prevent_default()
             self.action_submit()
+        elif event.key in ("shift+enter", "ctrl+j"):
+            # Here rather than only as a binding: a binding's action runs after the keys already queued,
+            # so in a fast burst the newline would land after the words typed behind it.
+            event.stop()
+            event.prevent_default()
+            self.action_newline()
         elif event.key == "up" and not self.text and self.cursor_location == (0, 0):
             event.stop()
             event.prevent_default()
