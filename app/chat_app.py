@@ -75,7 +75,7 @@ class ParleyApp(App[int]):
         Binding("ctrl+k", "copy_code", "Copy code", show=False, tooltip="Copy the last code block of the last reply"),
         Binding("f5", "toggle_drafts", "Drafts", show=False,
                 tooltip="Colour the tokens that came from accepted drafts (on/off)"),
-        Binding("f6", "reset_params", "Defaults", show=False, tooltip="Reset sampling settings to defaults"),
+        Binding("f8", "reset_params", "Defaults", show=False, tooltip="Reset sampling settings to defaults"),
         Binding("f1", "help", "Help", tooltip="Show all keys"),
     ]
 

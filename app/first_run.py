@@ -38,7 +38,7 @@ class QuantizeInBackground:
         # A daemon thread: quitting does not wait for a quantization (the cache is written atomically).
         threading.Thread(target=self._load_int4, name="parley-awq", daemon=True).start()
         self._changed.wait()
-        if self._finished.is_set():
+        if not self._quantizing:  # finished (or failed) without quantizing: the cache had it
             if self._error is not None:
                 raise self._error
             assert self._engine is not None
