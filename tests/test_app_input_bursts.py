@@ -6,7 +6,6 @@ import random
 
 import pytest
 from app_support import burst, make_app, ready, wait_until
-from fake_engine import FakeEngine
 from textual.widgets import Input, TextArea
 
 from parley.app.screens.dialogs import OpenFileScreen, SystemPromptScreen
