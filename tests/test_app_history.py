@@ -82,3 +82,25 @@ async def test_system_prompt_is_per_conversation(tmp_path):
         await send(app, pilot, "hello")
         await wait_until(lambda: len(engine.calls) == 2 and not app.generating)
         assert engine.sessions[-1].system_prompt is None
+
+
+async def test_history_search_finds_titles_and_message_text(tmp_path):
+    engine = FakeEngine(replies=["Paris is the capital.", "Use a list comprehension.", "Blue."])
+    app, _ = make_app(tmp_path, engine)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(app, pilot)
+        for i, question in enumerate(["France?", "Python lists?", "Sky colour?"]):
+            await pilot.press("ctrl+n")
+            await send(app, pilot, question)
+            await wait_until(lambda i=i: len(engine.calls) == i + 1 and not app.generating)
+        await pilot.press("f3")
+        await wait_until(lambda: isinstance(app.screen, HistoryScreen))
+        screen = app.screen
+        listed = lambda: [str(screen.query_one("#history-list").get_option_at_index(i).prompt).strip("● ")
+                          .split("  ")[0] for i in range(screen.query_one("#history-list").option_count)]
+        assert len(listed()) == 3
+        await pilot.press("slash", *"comprehension")  # found in a reply, not the title
+        await wait_until(lambda: listed() == ["Python lists?"])
+        await pilot.press("enter")  # resumes the match
+        await wait_until(lambda: app.sub_title == "Python lists?")
+        assert [m.content for m in app.chat.messages] == ["Python lists?", "Use a list comprehension."]
