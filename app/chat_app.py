@@ -73,7 +73,7 @@ class ParleyApp(App[int]):
         Binding("f9", "export", "Export", show=False, tooltip="Export this conversation as Markdown"),
         Binding("ctrl+b", "copy_reply", "Copy reply", show=False, tooltip="Copy the last reply (OSC 52)"),
         Binding("ctrl+l", "copy_code", "Copy code", show=False, tooltip="Copy the last code block of the last reply"),
-        Binding("ctrl+d", "toggle_drafts", "Drafts", show=False,
+        Binding("ctrl+t", "toggle_drafts", "Drafts", show=False,
                 tooltip="Colour the tokens that came from accepted drafts (on/off)"),
         Binding("f8", "reset_params", "Defaults", show=False, tooltip="Reset sampling settings to defaults"),
         Binding("f1", "help", "Help", tooltip="Show all keys"),
