@@ -64,8 +64,8 @@ class ParleyApp(App[int]):
         Binding("escape", "stop", "Stop", tooltip="Stop the reply (keeps what was shown); back to the prompt"),
         Binding("ctrl+n", "new_chat", "New", tooltip="New chat"),
         Binding("ctrl+r", "regenerate", "Regen", tooltip="Regenerate the last reply"),
-        Binding("ctrl+g", "edit_last", "Edit last", show=False, key_display="Ctrl+G, ↑ (empty prompt)",
-                tooltip="Edit and resend your last message"),
+        Binding("ctrl+g", "edit_last", "Edit last", show=False,
+                tooltip="Edit and resend your last message (also ↑ in an empty prompt)"),
         Binding("f2", "toggle_params", "Sliders", tooltip="Toggle the sampling panel (sliders: ←/→, Home/End, mouse)"),
         Binding("f3", "history", "History", tooltip="History: resume, search, rename, delete, export"),
         Binding("f4", "system_prompt", "System", show=False, tooltip="Edit the system prompt"),
@@ -185,9 +185,13 @@ class ParleyApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "stop":
             return self.generating
-        # Until the engine is loaded only quitting, help, the panel and settings make sense.
-        return self.engine is not None or action in (
-            "help", "quit", "command_palette", "toggle_params", "reset_params", "toggle_drafts", "history")
+        if self.engine is not None:
+            return True
+        # Loading: quitting and help; and the settings and history while the chat screen shows.
+        allowed = ("help", "quit", "command_palette")
+        if self._loading is None:
+            allowed += ("toggle_params", "reset_params", "toggle_drafts", "history")
+        return action in allowed
 
     # keys that do not belong to a widget: focus goes back to the prompt
     def on_key(self, event: events.Key) -> None:
@@ -234,6 +238,7 @@ class ParleyApp(App[int]):
         if self._loading is None and p.stage in ("download", "quantize") and self.engine is None:
             self._loading = LoadingScreen(self.model_ref)
             self.push_screen(self._loading)
+            self.refresh_bindings()
         if self._loading is not None:
             self._loading.show_progress(p)
         elif p.detail:
@@ -514,7 +519,7 @@ class ParleyApp(App[int]):
         self.push_screen(HelpScreen([
             ("Chat", Binding.make_bindings(self.BINDINGS)),
             ("Prompt", Binding.make_bindings(PromptInput.BINDINGS)),
-            ("On a message (Tab to reach it)", Binding.make_bindings(ChatMessage.BINDINGS)),
+            ("On a message (Tab)", Binding.make_bindings(ChatMessage.BINDINGS)),
         ]))
 
     def action_history(self) -> None:

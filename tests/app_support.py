@@ -70,3 +70,10 @@ def burst(app: ParleyApp, keys: list[str]) -> None:
         event = key_event(key)
         event.set_sender(app)
         app._driver.send_message(event)
+
+
+async def on_screen(app: ParleyApp, screen_class: type) -> None:
+    """Wait until a `screen_class` screen is on top with its widgets mounted (they mount after the
+    screen itself, so querying them right after the push can race)."""
+    await wait_until(lambda: isinstance(app.screen, screen_class) and app.screen.is_mounted
+                     and app.screen.children)

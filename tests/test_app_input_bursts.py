@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from app_support import burst, make_app, ready, wait_until
+from app_support import burst, make_app, on_screen, ready, wait_until
 from textual.widgets import Input, TextArea
 
 from parley.app.screens.dialogs import OpenFileScreen, SystemPromptScreen
@@ -77,7 +77,7 @@ async def test_dialog_fields_take_a_burst(tmp_path):
         await ready(app, pilot)
         # System prompt (a TextArea: newlines included).
         await pilot.press("f4")
-        await wait_until(lambda: isinstance(app.screen, SystemPromptScreen))
+        await on_screen(app, SystemPromptScreen)
         area = app.screen.query_one("#system-text", TextArea)
         keys, text = typed(rng, 100, "abcdef ghij", newline="enter")
         burst(app, keys)
@@ -85,7 +85,7 @@ async def test_dialog_fields_take_a_burst(tmp_path):
         await pilot.press("escape")
         # Open file path.
         await pilot.press("ctrl+o")
-        await wait_until(lambda: isinstance(app.screen, OpenFileScreen))
+        await on_screen(app, OpenFileScreen)
         path_box = app.screen.query_one("#open-file-path", Input)
         keys, text = typed(rng, 100, "abcdefgh/._-")
         burst(app, keys)
@@ -96,7 +96,7 @@ async def test_dialog_fields_take_a_burst(tmp_path):
         await pilot.press("enter")
         await wait_until(lambda: engine.calls and not app.generating)
         await pilot.press("f3")
-        await wait_until(lambda: isinstance(app.screen, HistoryScreen))
+        await on_screen(app, HistoryScreen)
         await pilot.press("slash")
         search = app.screen.query_one("#history-search", Input)
         keys, text = typed(rng, 100, "abcdefgh xyz")

@@ -10,7 +10,7 @@ from textual.command import CommandPalette
 
 from parley.app.chat_app import ParleyApp
 from parley.app.commands import key_label, palette_entries
-from parley.app.screens.help import HelpScreen, help_text
+from parley.app.screens.help import HelpScreen, key_rows
 from parley.app.widgets.prompt import PromptInput
 
 pytestmark = pytest.mark.anyio
@@ -26,9 +26,10 @@ def test_every_app_binding_says_what_it_does_and_is_in_the_palette():
 
 
 def test_help_lists_every_key_with_its_tooltip():
-    text = help_text([("Chat", APP_BINDINGS), ("Prompt", Binding.make_bindings(PromptInput.BINDINGS))]).plain
+    rows = key_rows([*APP_BINDINGS, *Binding.make_bindings(PromptInput.BINDINGS)])
     for b in APP_BINDINGS:
-        assert f"{b.key_display or key_label(b)}" in text and b.tooltip in text
+        assert (b.key_display or key_label(b), b.tooltip) in rows
+    assert ("Shift+Enter, Ctrl+J", "New line") in rows  # one row for the keys of one action
 
 
 def test_no_app_key_is_taken_by_the_prompt():

@@ -67,7 +67,7 @@ async def test_paste_over_the_context_window_asks(tmp_path, choice):
         await ready(app, pilot)
         app.prompt.focus()
         app.post_message(events.Paste(DOC))
-        await wait_until(lambda: isinstance(app.screen, TooLongScreen))
+        await wait_until(lambda: isinstance(app.screen, TooLongScreen) and app.screen.query("#too-long-message"))
         message = str(app.screen.query_one("#too-long-message").render())
         free = budget(400, 0, 0, app.params.max_new_tokens).free  # 400 - 100 for the reply - the framing
         assert f"It is {engine.count_tokens(DOC):,} tokens, but only {free} fit" in message

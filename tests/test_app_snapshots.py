@@ -74,7 +74,8 @@ def test_first_run_progress(snap_compare, tmp_path, size):
 
     async def run_before(pilot) -> None:
         await wait_until(lambda: isinstance(pilot.app.screen, LoadingScreen))
-        await wait_until(lambda: "layer 12" in str(pilot.app.screen.query_one("#quantize-detail").render()))
+        await wait_until(lambda: pilot.app.screen.query("#quantize-detail")
+                         and "layer 12" in str(pilot.app.screen.query_one("#quantize-detail").render()))
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)

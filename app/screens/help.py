@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -14,23 +15,37 @@ from textual.widgets import Static
 from parley.app.commands import key_label
 
 
-def help_text(sections: Iterable[tuple[str, Iterable[Binding]]]) -> Text:
-    """One block per (title, bindings); a binding is listed when its tooltip says what it does."""
-    rows = [(title, [(b.key_display or key_label(b), b.tooltip) for b in bindings if b.tooltip])
-            for title, bindings in sections]
-    width = max((len(k) for _, keys in rows for k, _ in keys), default=0) + 2
-    text = Text()
-    text.append("Parley keys\n", "bold")
-    for title, keys in rows:
-        if not keys:
-            continue
-        text.append(f"\n{title}\n", "bold underline")
-        for key, does in keys:
-            text.append(key.ljust(width), "bold")
-            text.append(does + "\n")
-    text.append("\nCtrl+P opens the command palette; Ctrl+Q quits.\n")
-    text.append("A paste over 20 lines or 1,000 characters becomes an attachment.", "italic")
-    return text
+def key_rows(bindings: Iterable[Binding]) -> list[tuple[str, str]]:
+    """(keys, what they do) for each action whose binding has a tooltip; keys of one action together."""
+    rows: dict[str, tuple[list[str], str]] = {}
+    for b in bindings:
+        if b.tooltip:
+            keys, _ = rows.setdefault(b.action, ([], b.tooltip))
+            label = b.key_display or key_label(b)
+            if label not in keys:
+                keys.append(label)
+    return [(", ".join(keys), does) for keys, does in rows.values()]
+
+
+def help_table(sections: Iterable[tuple[str, Iterable[Binding]]]) -> Table:
+    """One block per (title, bindings), keys on the left, what they do on the right (wrapping there)."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column()
+    table.add_row(Text.assemble(("Parley keys", "bold")), "")
+    for title, bindings in sections:
+        rows = key_rows(bindings)
+        if rows:
+            table.add_row("", "")
+            table.add_row(Text.assemble((title, "bold underline")), "")
+            for keys, does in rows:
+                table.add_row(keys, does)
+    table.add_row("", "")
+    table.add_row("Ctrl+P", "command palette")
+    table.add_row("Ctrl+Q", "quit")
+    table.add_row("", "")
+    table.add_row("", Text("A paste over 20 lines or 1,000 characters becomes an attachment.", "italic"))
+    return table
 
 
 class HelpScreen(ModalScreen[None]):
@@ -42,4 +57,4 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help-body"):
-            yield Static(help_text(self.sections))
+            yield Static(help_table(self.sections))

@@ -39,12 +39,13 @@ class StatusBar(Widget):
         elif s is not None:
             parts.append(f"{s.tokens_per_s:.1f} tok/s")
             parts.append(f"ttft {s.ttft_s:.2f}s")
-            if s.proposed:
-                drafter = f" {s.drafter}" if s.drafter else ""
-                parts.append(f"acc{drafter} {s.acceptance_rate:.0%} {s.tokens_per_target_pass:.1f}/pass")
+        # The context before the speculation figures: it matters more when the terminal is narrow.
         window = self.context_window or (s.context_window if s and s.context_window else 0)
         if window:
             parts.append(f"ctx {min(self.context_used, window):,}/{window:,}")
+        if s is not None and s.proposed:
+            drafter = f" {s.drafter}" if s.drafter else ""
+            parts.append(f"acc{drafter} {s.acceptance_rate:.0%} {s.tokens_per_target_pass:.1f}/pass")
         if self.background:
             parts.append(self.background)
         return parts
