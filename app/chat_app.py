@@ -18,7 +18,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.theme import Theme
-from textual.widgets import Footer, Header, Input, TextArea
+from textual.widgets import Footer, Header, Input, Select, TextArea
 
 from parley.app import paste_budget
 from parley.app.commands import ParleyCommands
@@ -198,7 +198,7 @@ class ParleyApp(App[int]):
         focused = self.focused
         if focused is None or focused is self.prompt or self.screen is not self.screen_stack[0]:
             return
-        if isinstance(focused, Input | TextArea | Slider) or focused.parent is None:
+        if isinstance(focused, Input | TextArea | Slider | Select) or focused.parent is None:
             return
         if event.key == "escape":
             event.stop()

@@ -102,3 +102,13 @@ async def test_dialog_fields_take_a_burst(tmp_path):
         keys, text = typed(rng, 100, "abcdefgh xyz")
         burst(app, keys)
         await expect_text(lambda: search.value, text)
+        # History rename.
+        await pilot.press("escape")  # back to the list
+        search.value = ""
+        await pilot.press("r")
+        rename = app.screen.query_one("#history-rename", Input)
+        await wait_until(lambda: rename.has_focus)
+        rename.value = ""
+        keys, text = typed(rng, 100, "abcdefgh XYZ")
+        burst(app, keys)
+        await expect_text(lambda: rename.value, text)
