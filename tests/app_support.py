@@ -14,7 +14,7 @@ from parley.app.settings import Settings
 from parley.app.store import Store
 
 
-async def wait_until(predicate: Callable[[], object], timeout: float = 5.0, interval: float = 0.01) -> None:
+async def wait_until(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.01) -> None:
     """Yield to the app until `predicate()` is true; fail with the predicate's source after `timeout`."""
     deadline = time.monotonic() + timeout
     while not predicate():

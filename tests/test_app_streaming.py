@@ -72,7 +72,7 @@ async def test_engine_error_is_reported_and_partial_kept(tmp_path):
 
 
 async def test_view_follows_the_bottom_unless_scrolled_up(tmp_path):
-    engine = FakeEngine(replies=["line\n\n" * 300], hold_at=100)
+    engine = FakeEngine(replies=["line\n\n" * 200], hold_at=60)
     app, _ = make_app(tmp_path, engine)
     async with app.run_test(size=(80, 24)) as pilot:
         await ready(app, pilot)
@@ -85,7 +85,7 @@ async def test_view_follows_the_bottom_unless_scrolled_up(tmp_path):
         await wait_until(lambda: chat.scroll_y < chat.max_scroll_y)
         held, grown = chat.scroll_y, chat.max_scroll_y
         engine.release.set()
-        await wait_until(lambda: not app.generating and chat.max_scroll_y > grown + 5)
+        await wait_until(lambda: not app.generating and chat.max_scroll_y > grown + 5, timeout=60)
         await pilot.pause()
         assert chat.scroll_y == held  # the user's place is kept while the reply grows
 
