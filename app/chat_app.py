@@ -193,19 +193,22 @@ class ParleyApp(App[int]):
             allowed += ("toggle_params", "reset_params", "toggle_drafts", "history")
         return action in allowed
 
-    # keys that do not belong to a widget: focus goes back to the prompt
+    # keys that no widget took: focus goes back to the prompt
     def on_key(self, event: events.Key) -> None:
+        """Esc or a typed character that reached the app (no widget used it: the focus was on a message,
+        the conversation, a button...) goes to the prompt. The current focus says little here: in a burst,
+        keys were routed to the old focus before the first of them moved it."""
         focused = self.focused
-        if focused is None or focused is self.prompt or self.screen is not self.screen_stack[0]:
-            return
-        if isinstance(focused, Input | TextArea | Slider | Select) or focused.parent is None:
+        if self.screen is not self.screen_stack[0] or isinstance(focused, Select):
             return
         if event.key == "escape":
+            if focused is not self.prompt:
+                event.stop()
+                self.screen.set_focus(self.prompt)
+        elif event.is_printable and event.character and event.key not in self.active_bindings:
             event.stop()
-            self.prompt.focus()
-        elif event.is_printable and event.character and event.key not in ("c", "y", "space"):
-            event.stop()
-            self.prompt.focus()
+            if focused is not self.prompt:
+                self.screen.set_focus(self.prompt)  # now: `focus()` would wait for a refresh
             self.prompt.insert(event.character)
 
     # loading

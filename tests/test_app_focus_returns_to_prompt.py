@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from app_support import make_app, ready, send, wait_until
+from app_support import burst, make_app, ready, send, wait_until
 from fake_engine import FakeEngine
 
 from parley.app.widgets.message import ChatMessage
@@ -27,7 +27,7 @@ async def test_escape_on_a_message_returns_to_the_prompt(tmp_path):
         await ready(app, pilot)
         await _focus_a_message(app, pilot)
         await pilot.press("escape")
-        assert app.prompt.has_focus
+        await wait_until(lambda: app.prompt.has_focus)
 
 
 async def test_typing_on_a_message_types_into_the_prompt(tmp_path):
@@ -36,7 +36,7 @@ async def test_typing_on_a_message_types_into_the_prompt(tmp_path):
         await ready(app, pilot)
         await _focus_a_message(app, pilot)
         await pilot.press("w", "h", "a", "t")
-        assert app.prompt.has_focus and app.prompt.text == "what"
+        await wait_until(lambda: app.prompt.has_focus and app.prompt.text == "what")
 
 
 async def test_message_keys_still_work_on_a_message(tmp_path):
@@ -47,3 +47,14 @@ async def test_message_keys_still_work_on_a_message(tmp_path):
         await pilot.press("c")  # copy: a message key, not text for the prompt
         assert message.has_focus and app.prompt.text == ""
         assert any("Message copied" in str(n.message) for n in app._notifications)
+
+
+async def test_a_burst_typed_on_the_conversation_lands_whole_in_the_prompt(tmp_path):
+    app, _ = make_app(tmp_path, FakeEngine())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(app, pilot)
+        await pilot.click("#chat")  # a click on the conversation takes the focus there
+        assert app.chat.has_focus
+        text = "What is the capital of France?"
+        burst(app, list(text))
+        await wait_until(lambda: app.prompt.text == text and app.prompt.has_focus)
