@@ -18,7 +18,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.theme import Theme
-from textual.widgets import Footer, Header, Input, Select, TextArea
+from textual.widgets import Footer, Header, Select
 
 from parley.app import paste_budget
 from parley.app.commands import ParleyCommands
@@ -33,7 +33,6 @@ from parley.app.widgets.attachment import Attachment
 from parley.app.widgets.message import ChatMessage, ChatView
 from parley.app.widgets.params_panel import REPETITION_DEFAULTS, ParamsPanel
 from parley.app.widgets.prompt import PromptInput
-from parley.app.widgets.slider import Slider
 from parley.app.widgets.status_bar import StatusBar
 from parley.engine.params import GenerationParams
 from parley.engine.protocol import EngineLike, SessionLike
