@@ -18,7 +18,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.theme import Theme
-from textual.widgets import Footer, Header, Select
+from textual.widgets import Footer, Header, Input, Select, TextArea
 
 from parley.app import paste_budget
 from parley.app.commands import ParleyCommands
@@ -33,6 +33,7 @@ from parley.app.widgets.attachment import Attachment
 from parley.app.widgets.message import ChatMessage, ChatView
 from parley.app.widgets.params_panel import REPETITION_DEFAULTS, ParamsPanel
 from parley.app.widgets.prompt import PromptInput
+from parley.app.widgets.slider import Slider
 from parley.app.widgets.status_bar import StatusBar
 from parley.engine.params import GenerationParams
 from parley.engine.protocol import EngineLike, SessionLike
@@ -192,23 +193,23 @@ class ParleyApp(App[int]):
             allowed += ("toggle_params", "reset_params", "toggle_drafts", "history")
         return action in allowed
 
-    # keys that no widget took: focus goes back to the prompt
+    # typing anywhere on the chat screen goes to the prompt
+    async def on_event(self, event: events.Event) -> None:
+        """A character typed while the focus is on a message, the conversation or a button moves the focus
+        to the prompt before the key is routed: decided here, in arrival order, so a burst stays in order."""
+        if (isinstance(event, events.Key) and event.is_printable and event.character
+                and self.screen is self.screen_stack[0] and self.focused is not None
+                and self.focused is not self.prompt
+                and not isinstance(self.focused, Input | TextArea | Select)
+                and event.key not in self.active_bindings):
+            self.screen.set_focus(self.prompt)
+        await super().on_event(event)
+
     def on_key(self, event: events.Key) -> None:
-        """Esc or a typed character that reached the app (no widget used it: the focus was on a message,
-        the conversation, a button...) goes to the prompt. The current focus says little here: in a burst,
-        keys were routed to the old focus before the first of them moved it."""
-        focused = self.focused
-        if self.screen is not self.screen_stack[0] or isinstance(focused, Select):
-            return
-        if event.key == "escape":
-            if focused is not self.prompt:
-                event.stop()
-                self.screen.set_focus(self.prompt)
-        elif event.is_printable and event.character and event.key not in self.active_bindings:
+        """Esc that no widget used (the focus is on a message, say) goes back to the prompt."""
+        if event.key == "escape" and self.screen is self.screen_stack[0] and self.focused is not self.prompt:
             event.stop()
-            if focused is not self.prompt:
-                self.screen.set_focus(self.prompt)  # now: `focus()` would wait for a refresh
-            self.prompt.insert(event.character)
+            self.screen.set_focus(self.prompt)
 
     # loading
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
@@ -512,10 +513,11 @@ class ParleyApp(App[int]):
     def action_toggle_params(self) -> None:
         main = self.screen_stack[0].query_one("#main")
         main.toggle_class("-params")
+        # Focus now (not after a refresh, as focus() does), so the keys typed right after F2 go to the slider.
         if main.has_class("-params"):
-            self.panel.query("Slider").first().focus()
+            self.screen.set_focus(self.panel.query(Slider).first())
         else:
-            self.prompt.focus()
+            self.screen.set_focus(self.prompt)
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen([

@@ -112,3 +112,12 @@ async def test_dialog_fields_take_a_burst(tmp_path):
         keys, text = typed(rng, 100, "abcdefgh XYZ")
         burst(app, keys)
         await expect_text(lambda: rename.value, text)
+
+
+async def test_keys_right_after_f2_move_the_slider(tmp_path):
+    app, _ = make_app(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(app, pilot)
+        burst(app, ["f2", "right", "right"])  # no pause for the panel to open
+        await wait_until(lambda: app.params.temperature == 0.8)
+        assert app.prompt.text == ""

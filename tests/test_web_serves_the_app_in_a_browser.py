@@ -47,7 +47,8 @@ def wait_for(predicate, timeout: float, what: str, pause=lambda: time.sleep(0.2)
         pause()
 
 
-def answered(folder: Path) -> str | None:
+def answered(folder: Path) -> list[tuple[str, str]] | None:
+    """The first conversation's (role, text) once it has an answer."""
     from parley.app.store import Store
 
     if not (folder / "parley.db").exists():
@@ -55,9 +56,9 @@ def answered(folder: Path) -> str | None:
     store = Store(folder / "parley.db")
     try:
         for conv in store.conversations():
-            for m in store.messages(conv.id):
-                if m.role == "assistant":
-                    return m.content
+            messages = [(m.role, m.content) for m in store.messages(conv.id)]
+            if any(role == "assistant" for role, _ in messages):
+                return messages
     finally:
         store.close()
     return None
@@ -110,10 +111,10 @@ def test_ask_see_the_streamed_answer_and_move_a_slider_in_chromium(tmp_path):
             # The app is up when its placeholder has been drawn in the terminal.
             wait_for(lambda: "Message Parley" in "".join(received), 60, "the chat screen in the browser", pump)
             page.locator(".xterm").click()
-            page.keyboard.type("What is the capital of France?")
+            page.keyboard.type("What is the capital of France?")  # at once after the click: in order
             page.keyboard.press("Enter")
             stored = wait_for(lambda: answered(tmp_path), 60, "the answer to be saved", pump)
-            assert stored == ANSWER
+            assert stored == [("user", "What is the capital of France?"), ("assistant", ANSWER)]
             # The browser received the answer as it streamed (words of it reach the terminal).
             wait_for(lambda: "Seine" in "".join(received), 30, "the answer on the browser's terminal", pump)
             page.keyboard.press("F2")  # the sliders open with temperature focused
