@@ -1,73 +1,52 @@
 """The Parley chat app: conversation, composer, live sampling panel, status bar.
 
-Threads: the engine loads and replies in thread workers. A reply's events go into a `ReplyBuffer` (streaming.py)
-that the UI drains on a timer (every ~40 ms), so deltas are coalesced into one `MarkdownStream.write`
-per batch, the engine thread never waits for the UI, and the UI never waits for the model.
+`ParleyApp` composes the screen, binds keys and hands off: a reply's lifecycle lives in
+`ReplyController` (reply_controller.py), paste arithmetic in paste_budget.py, settings in settings.py.
+The engine loads and replies in thread workers; the UI thread never waits on the model.
 """
 
 from __future__ import annotations
 
 import re
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from textual import work
+from textual import events, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.theme import Theme
-from textual.widgets import Footer, Header
+from textual.widgets import Footer, Header, Input, Select, TextArea
 
+from parley.app import paste_budget
 from parley.app.commands import ParleyCommands
-from parley.app.screens.dialogs import SystemPromptScreen, TooLongScreen
+from parley.app.reply_controller import ReplyController
+from parley.app.screens.dialogs import OpenFileScreen, SystemPromptScreen, TooLongScreen
 from parley.app.screens.help import HelpScreen
 from parley.app.screens.history import Deleted, HistoryScreen, Renamed
 from parley.app.screens.loading import LoadingScreen
+from parley.app.settings import Settings, apply_values, params_values
 from parley.app.store import Conversation, Store, compose_user_content
-from parley.app.streaming import ActiveReply
 from parley.app.widgets.attachment import Attachment
 from parley.app.widgets.message import ChatMessage, ChatView
-from parley.app.widgets.params_panel import ParamsPanel
+from parley.app.widgets.params_panel import REPETITION_DEFAULTS, ParamsPanel
 from parley.app.widgets.prompt import PromptInput
+from parley.app.widgets.slider import Slider
 from parley.app.widgets.status_bar import StatusBar
-from parley.engine.events import Done
 from parley.engine.params import GenerationParams
+from parley.engine.protocol import EngineLike, SessionLike
 from parley.models.progress import Progress, ProgressFn
 
-EngineLoader = Callable[[ProgressFn | None], Any]  # returns an Engine (or a test double with its API)
+EngineLoader = Callable[[ProgressFn | None], EngineLike]
+# A second, better engine made in the background (e.g. AWQ INT4 after a first run on the unquantized
+# weights); None when there is nothing to upgrade to.
+EngineUpgrade = Callable[[ProgressFn | None], EngineLike | None]
 
 SUMMARISE_PROMPT = "Summarise the pasted document: the main points as a short bulleted list."
 PROGRESS_INTERVAL_S = 0.1
-
-
-def fit_text(count_tokens: Callable[[str], int], text: str, budget: int) -> tuple[str, int]:
-    """The longest prefix of `text` (whole lines when possible) within `budget` tokens, and its count."""
-    ends = [i + 1 for i, c in enumerate(text) if c == "\n"]
-    if not ends or ends[-1] != len(text):
-        ends.append(len(text))
-
-    def largest(cuts: list[int]) -> int:
-        lo, hi, best = 0, len(cuts) - 1, -1
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            if count_tokens(text[: cuts[mid]]) <= budget:
-                best, lo = mid, mid + 1
-            else:
-                hi = mid - 1
-        return best
-
-    best = largest(ends)
-    if best >= 0:
-        kept = text[: ends[best]].rstrip("\n")
-    else:  # not even the first line fits: cut inside it
-        chars = list(range(1, ends[0] + 1))
-        i = largest(chars)
-        kept = text[: chars[i]] if i >= 0 else ""
-    return kept, count_tokens(kept) if kept else 0
+MAX_FILE_BYTES = 4_000_000
 
 
 def slug(title: str) -> str:
@@ -75,20 +54,29 @@ def slug(title: str) -> str:
 
 
 class ParleyApp(App[int]):
-    """A terminal chat over an in-process engine. The engine comes from `load_engine(progress)`."""
+    """A terminal chat over an engine. The engine comes from `load_engine(progress)`."""
 
     CSS_PATH = Path(__file__).parent / "parley.tcss"  # absolute, so subclasses elsewhere keep it
     TITLE = "Parley"
     COMMANDS = App.COMMANDS | {ParleyCommands}
+    # The tooltip is the command palette's title and the help screen's line for each key.
     BINDINGS = [
-        Binding("escape", "stop", "Stop"),
-        Binding("ctrl+n", "new_chat", "New"),
-        Binding("ctrl+r", "regenerate", "Regen"),
-        Binding("ctrl+g", "edit_last", "Edit last", show=False),
-        Binding("f2", "toggle_params", "Sliders"),
-        Binding("f3", "history", "History"),
-        Binding("f4", "system_prompt", "System", show=False),
-        Binding("f1", "help", "Help"),
+        Binding("escape", "stop", "Stop", tooltip="Stop the reply (keeps what was shown); back to the prompt"),
+        Binding("ctrl+n", "new_chat", "New", tooltip="New chat"),
+        Binding("ctrl+r", "regenerate", "Regen", tooltip="Regenerate the last reply"),
+        Binding("ctrl+g", "edit_last", "Edit last", show=False,
+                tooltip="Edit and resend your last message (also ↑ in an empty prompt)"),
+        Binding("f2", "toggle_params", "Sliders", tooltip="Toggle the sampling panel (sliders: ←/→, Home/End, mouse)"),
+        Binding("f3", "history", "History", tooltip="History: resume, search, rename, delete, export"),
+        Binding("f4", "system_prompt", "System", show=False, tooltip="Edit the system prompt"),
+        Binding("ctrl+o", "open_file", "Open file", show=False, tooltip="Attach a file by its path"),
+        Binding("f9", "export", "Export", show=False, tooltip="Export this conversation as Markdown"),
+        Binding("ctrl+b", "copy_reply", "Copy reply", show=False, tooltip="Copy the last reply (OSC 52)"),
+        Binding("ctrl+l", "copy_code", "Copy code", show=False, tooltip="Copy the last code block of the last reply"),
+        Binding("ctrl+t", "toggle_drafts", "Drafts", show=False,
+                tooltip="Colour the tokens that came from accepted drafts (on/off)"),
+        Binding("f8", "reset_params", "Defaults", show=False, tooltip="Reset sampling settings to defaults"),
+        Binding("f1", "help", "Help", tooltip="Show all keys"),
     ]
 
     generating: reactive[bool] = reactive(False, init=False)
@@ -97,28 +85,33 @@ class ParleyApp(App[int]):
         self,
         load_engine: EngineLoader,
         *,
+        upgrade_engine: EngineUpgrade | None = None,
         model_ref: str | None = None,
         store: Store | None = None,
+        settings: Settings | None = None,
         params: GenerationParams | None = None,
-        system_prompt: str = "",
+        system_prompt: str | None = None,
         export_dir: Path | None = None,
         batch_interval: float = 0.04,
     ) -> None:
         super().__init__()
         self._load_engine = load_engine
+        self._upgrade_engine = upgrade_engine
         self.model_ref = model_ref
         self.store = store if store is not None else Store()
-        self.params = params if params is not None else GenerationParams()
+        self.settings = settings if settings is not None else Settings()
+        self.params = params if params is not None else self.settings.params()
+        self._global_params = params_values(self.params)  # restored on a new chat
         self.export_dir = Path(export_dir) if export_dir is not None else Path.cwd()
-        self.batch_interval = batch_interval
-        self.engine: Any = None
+        self.engine: EngineLike | None = None
+        self._next_engine: EngineLike | None = None  # ready in the background, switched to between replies
         self.conversation: Conversation | None = None
-        self._system_prompt_draft = system_prompt  # for the conversation not created yet
-        self._session: Any = None
-        self._reply: ActiveReply | None = None
-        self._engine_lock = threading.Lock()  # one reply at a time, even while a cancelled one winds down
-        self._context_used: int | None = 0  # tokens of this conversation; None: not known (resumed)
+        saved_system = self.settings.get("system_prompt", "")
+        self._system_prompt_draft = system_prompt if system_prompt is not None else str(saved_system or "")
+        self._session: SessionLike | None = None
+        self.replies = ReplyController(self, batch_interval)
         self._loading: LoadingScreen | None = None
+        self._store_problem: str | None = None
 
     # layout
     def compose(self) -> ComposeResult:
@@ -132,25 +125,26 @@ class ParleyApp(App[int]):
         yield StatusBar(id="status")
         yield Footer(compact=True)
 
+    # The chat screen's widgets, found there even while a dialog or the progress screen is on top.
     @property
     def chat(self) -> ChatView:
-        return self.query_one("#chat", ChatView)
+        return self.screen_stack[0].query_one("#chat", ChatView)
 
     @property
     def prompt(self) -> PromptInput:
-        return self.query_one("#prompt", PromptInput)
+        return self.screen_stack[0].query_one("#prompt", PromptInput)
 
     @property
     def status(self) -> StatusBar:
-        return self.query_one("#status", StatusBar)
+        return self.screen_stack[0].query_one("#status", StatusBar)
 
     @property
     def panel(self) -> ParamsPanel:
-        return self.query_one("#params", ParamsPanel)
+        return self.screen_stack[0].query_one("#params", ParamsPanel)
 
     @property
     def attachment(self) -> Attachment | None:
-        found = self.query("#attachment")
+        found = self.screen_stack[0].query("#attachment")
         return found.first(Attachment) if found else None
 
     @property
@@ -158,23 +152,31 @@ class ParleyApp(App[int]):
         return self.conversation.system_prompt if self.conversation else self._system_prompt_draft
 
     def on_mount(self) -> None:
-        saved_theme = self.store.get_setting("theme")
-        if saved_theme and saved_theme in self.available_themes:
+        saved_theme = self.settings.get("theme")
+        if isinstance(saved_theme, str) and saved_theme in self.available_themes:
             self.theme = saved_theme
         self.theme_changed_signal.subscribe(self, self._remember_theme)
-        self._drain_timer = self.set_interval(self.batch_interval, self._drain, pause=True)
+        if self.settings.get("show_drafts"):
+            self.chat.add_class("-show-drafts")
+        if self.settings.problem:
+            self.notify(self.settings.problem, severity="warning", timeout=10, markup=False)
+        self.replies.mount()
+        self.set_interval(0.5, self._check_store)
         self.prompt.focus()
-        self._loading = LoadingScreen(self.model_ref)
-        self.push_screen(self._loading)
         self.load_engine()
 
     def on_unmount(self) -> None:
-        # Quitting mid-reply: let the engine thread stop at its next round instead of running on.
-        if self._reply is not None:
-            self._reply.cancel.set()
+        self.replies.cancel_now()
 
     def _remember_theme(self, theme: Theme) -> None:
-        self.store.set_setting("theme", theme.name)
+        self.settings.set("theme", theme.name)
+
+    def _check_store(self) -> None:
+        """Say once where the database is and what is wrong when the store starts to degrade."""
+        problem = getattr(self.store, "problem", None)
+        if problem and problem != self._store_problem:
+            self.notify(problem, severity="warning", timeout=15, markup=False)
+        self._store_problem = problem
 
     def watch_generating(self, generating: bool) -> None:
         self.status.generating = generating
@@ -183,52 +185,138 @@ class ParleyApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "stop":
             return self.generating
-        # Until the engine is loaded (the first-run screen) only quitting and help make sense.
-        return self.engine is not None or action in ("help", "quit", "command_palette")
+        if self.engine is not None:
+            return True
+        # Loading: quitting and help; and the settings and history while the chat screen shows.
+        allowed = ("help", "quit", "command_palette")
+        if self._loading is None:
+            allowed += ("toggle_params", "reset_params", "toggle_drafts", "history")
+        return action in allowed
+
+    # typing anywhere on the chat screen goes to the prompt
+    async def on_event(self, event: events.Event) -> None:
+        """A character typed while the focus is on a message, the conversation or a button moves the focus
+        to the prompt before the key is routed: decided here, in arrival order, so a burst stays in order."""
+        if (isinstance(event, events.Key) and event.is_printable and event.character
+                and self.screen is self.screen_stack[0] and self.focused is not None
+                and self.focused is not self.prompt
+                and not isinstance(self.focused, Input | TextArea | Select)
+                and event.key not in self.active_bindings):
+            self.screen.set_focus(self.prompt)
+        await super().on_event(event)
+
+    def on_key(self, event: events.Key) -> None:
+        """Esc that no widget used (the focus is on a message, say) goes back to the prompt."""
+        if event.key == "escape" and self.screen is self.screen_stack[0] and self.focused is not self.prompt:
+            event.stop()
+            self.screen.set_focus(self.prompt)
 
     # loading
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
     def load_engine(self) -> None:
         """Load (maybe download and quantize) in a thread; progress is marshalled to the UI thread."""
-        last, last_stage = 0.0, ""
-
-        def progress(p: Progress) -> None:
-            # Downloads report every chunk: pass at most ~10 a second, but never a new stage or an end.
-            nonlocal last, last_stage
-            now = time.monotonic()
-            finished = bool(p.total) and p.done >= p.total
-            if now - last >= PROGRESS_INTERVAL_S or finished or p.stage != last_stage:
-                last, last_stage = now, p.stage
-                self.call_from_thread(self._show_progress, p)
-
         try:
-            engine = self._load_engine(progress)
+            engine = self._load_engine(self._throttled(self._show_progress))
         except Exception as error:  # shown to the user with what to do
             self.call_from_thread(self._load_failed, error)
         else:
             self.call_from_thread(self._engine_ready, engine)
 
+    def _throttled(self, show: Callable[[Progress], None]) -> ProgressFn:
+        """Progress from a worker thread, at most ~10 a second but never dropping a new stage or an end."""
+        last, last_stage = 0.0, ""
+
+        def progress(p: Progress) -> None:
+            nonlocal last, last_stage
+            now = time.monotonic()
+            finished = bool(p.total) and p.done >= p.total
+            if now - last >= PROGRESS_INTERVAL_S or finished or p.stage != last_stage:
+                last, last_stage = now, p.stage
+                self.call_from_thread(show, p)
+
+        return progress
+
     def _show_progress(self, p: Progress) -> None:
-        if self._loading is not None and self._loading.is_attached:
+        # The progress screen appears only for real work (a download, a quantization), not a plain load.
+        if self._loading is None and p.stage in ("download", "quantize") and self.engine is None:
+            self._loading = LoadingScreen(self.model_ref)
+            self.push_screen(self._loading)
+            self.refresh_bindings()
+        if self._loading is not None:
             self._loading.show_progress(p)
+        elif p.detail:
+            self.status.model = f"loading: {p.detail}"
 
     def _load_failed(self, error: BaseException) -> None:
-        if self._loading is not None:
-            self._loading.show_error(error)
+        if self._loading is None:
+            self._loading = LoadingScreen(self.model_ref)
+            self.push_screen(self._loading)
+        self._loading.show_error(error)
 
-    def _engine_ready(self, engine: Any) -> None:
-        self.engine = engine
-        self.refresh_bindings()
-        self.status.model = engine.model_name
-        self.status.quantization = engine.quantization
-        self.status.context_window = engine.context_window
+    def _engine_ready(self, engine: EngineLike) -> None:
+        self._use_engine(engine)
         if self._loading is not None and self.screen is self._loading:
             self.pop_screen()
         self._loading = None
         self.prompt.focus()
         chip = self.attachment
         if chip is not None and chip.tokens is None:
-            self._count_attachment(chip.text, self._conversation_texts())
+            self._count_attachment(chip.text)
+        if self.conversation is not None:
+            self._count_context()
+        if self._upgrade_engine is not None:
+            self._upgrade()
+
+    def _use_engine(self, engine: EngineLike) -> None:
+        self.engine = engine
+        self._session = None  # the next reply re-reads the conversation with this engine
+        self.refresh_bindings()
+        self.status.model = engine.model_name
+        self.status.quantization = engine.quantization
+        self.status.context_window = engine.context_window
+        self.panel.set_capabilities(engine.capabilities)
+
+    @work(thread=True, exclusive=True, group="upgrade", exit_on_error=False)
+    def _upgrade(self) -> None:
+        """Make the better engine in the background; switch to it between replies."""
+        assert self._upgrade_engine is not None
+        try:
+            engine = self._upgrade_engine(self._throttled(self._show_upgrade_progress))
+        except Exception as error:
+            self.call_from_thread(self._upgrade_failed, error)
+            return
+        if engine is not None:
+            self.call_from_thread(self._upgrade_ready, engine)
+
+    def _show_upgrade_progress(self, p: Progress) -> None:
+        if p.stage == "quantize" and p.total:
+            self.status.background = f"INT4 in the background: layer {int(p.done)}/{int(p.total)}"
+        else:
+            self.status.background = f"INT4 in the background: {p.detail or p.stage}"
+
+    def _upgrade_failed(self, error: BaseException) -> None:
+        self.status.background = ""
+        self.notify(f"INT4 quantization failed, staying on the unquantized model: {type(error).__name__}: "
+                    f"{error}", severity="warning", timeout=15, markup=False)
+
+    def _upgrade_ready(self, engine: EngineLike) -> None:
+        self._next_engine = engine
+        self.status.background = "INT4 ready: switching after this reply" if self.generating else ""
+        if not self.generating:
+            self._switch_engine()
+
+    def _switch_engine(self) -> None:
+        engine, self._next_engine = self._next_engine, None
+        if engine is None:
+            return
+        self.status.background = ""
+        self._use_engine(engine)
+        self.notify(f"Switched to {engine.model_name} · {engine.quantization}: the next reply uses it")
+
+    def reply_finished(self) -> None:
+        """Called by the reply controller once a reply has ended and been saved."""
+        if self._next_engine is not None:
+            self._switch_engine()
 
     # conversation
     def _ensure_conversation(self, first_text: str) -> Conversation:
@@ -236,9 +324,13 @@ class ParleyApp(App[int]):
             title = (first_text.strip().splitlines() or ["Pasted document"])[0][:48]
             self.conversation = self.store.create_conversation(title, self._system_prompt_draft)
             self.sub_title = self.conversation.title
+            overrides = self._overrides()
+            if overrides:  # values changed before the first message belong to this conversation too
+                self._save_overrides(overrides)
         return self.conversation
 
-    def _ensure_session(self) -> Any:
+    def _ensure_session(self) -> SessionLike:
+        assert self.engine is not None
         if self._session is None:
             self._session = self.engine.session(self.system_prompt or None)
         return self._session
@@ -246,13 +338,10 @@ class ParleyApp(App[int]):
     def _conversation_texts(self) -> list[str]:
         return [compose_user_content(m.content, m.attachment) for m in self.chat.messages]
 
-    def engine_messages(self, exclude: ChatMessage | None = None) -> list[dict[str, str]]:
+    def engine_messages(self) -> list[dict[str, str]]:
         """The visible conversation as the engine wants it: what is on screen is what the model saw."""
-        return [
-            {"role": m.role, "content": compose_user_content(m.content, m.attachment)}
-            for m in self.chat.messages
-            if m is not exclude
-        ]
+        return [{"role": m.role, "content": compose_user_content(m.content, m.attachment)}
+                for m in self.chat.messages]
 
     async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
         await self.send(event.text)
@@ -261,7 +350,7 @@ class ParleyApp(App[int]):
         text = text.strip()
         chip = self.attachment
         if self.engine is None:
-            self.notify("The model is still loading", severity="warning")
+            self.notify("The model is still loading: your message stays in the prompt", severity="warning")
             return
         if self.generating:
             self.notify("A reply is streaming: Esc stops it", severity="warning")
@@ -281,74 +370,7 @@ class ParleyApp(App[int]):
         await self._start_reply()
 
     async def _start_reply(self) -> None:
-        self.chat.anchor()
-        view = ChatMessage("assistant")
-        await self.chat.mount(view)
-        view.start_stream()
-        messages = self.engine_messages(exclude=view)
-        reply = ActiveReply(view)
-        self._reply = reply
-        self.generating = True
-        self.panel.reply_progress(0)
-        self._drain_timer.resume()
-        self._run_reply(self._ensure_session(), messages, reply)
-
-    @work(thread=True, group="reply", exit_on_error=False)
-    def _run_reply(self, session: Any, messages: list[dict[str, str]], reply: ActiveReply) -> None:
-        with self._engine_lock:
-            try:
-                for event in session.reply(messages, self.params, reply.cancel):
-                    reply.buffer.push(event)
-                    if isinstance(event, Done):
-                        return
-                reply.buffer.push(Done("eos"))
-            except Exception as error:  # reported in the UI; the reply keeps what was shown
-                reply.buffer.push(Done("error", f"{type(error).__name__}: {error}"))
-
-    async def _drain(self) -> None:
-        reply = self._reply
-        if reply is None:
-            self._drain_timer.pause()
-            return
-        text, stats, done = reply.buffer.drain()
-        if text:
-            await reply.view.append(text)
-        if reply is not self._reply:  # stopped while we were writing
-            return
-        if stats is not None:
-            reply.has_stats = True
-            self.status.live = None
-            self.status.stats = stats
-            self._context_used = stats.context_tokens or self._context_used
-        elif not reply.has_stats:
-            self.status.live = reply.buffer.live_figures()
-        self.panel.reply_progress(reply.buffer.tokens)
-        if done is not None:
-            await self._finish_reply(reply, done)
-
-    async def _finish_reply(self, reply: ActiveReply, done: Done) -> None:
-        if reply.finished:
-            return
-        reply.finished = True
-        self._reply = None
-        self._drain_timer.pause()
-        self.generating = False
-        self.status.live = None
-        self.panel.reply_progress(None)
-        await reply.view.finish()
-        if reply.view.content:
-            assert self.conversation is not None
-            reply.view.db_id = self.store.add_message(self.conversation.id, "assistant", reply.view.content)
-        elif done.reason == "cancelled":
-            # Nothing was shown: take the question back into the prompt, as if it was never sent.
-            await reply.view.remove()
-            await self._take_back_last_user_message()
-        else:
-            await reply.view.remove()
-        if done.reason == "error":
-            self.notify(f"Generation failed: {done.detail}", severity="error", timeout=10, markup=False)
-        elif done.reason == "length":
-            self.notify("Stopped at the max tokens limit (F2 to raise it)")
+        await self.replies.start(self._ensure_session(), self.engine_messages(), self.params)
 
     async def _take_back_last_user_message(self) -> None:
         """Remove the last user message (and what follows) and put it back in the composer."""
@@ -369,12 +391,13 @@ class ParleyApp(App[int]):
 
     # actions
     async def action_stop(self) -> None:
-        """Stop now: the reply keeps exactly what is on screen; the engine stops at its next round."""
-        reply = self._reply
-        if reply is None:
-            return
-        reply.cancel.set()
-        await self._finish_reply(reply, Done("cancelled"))
+        await self.replies.stop()
+        self.prompt.focus()
+
+    async def action_quit(self) -> None:
+        """Quit; a reply in flight is saved as it stands, marked as interrupted."""
+        await self.replies.interrupt()
+        self.exit()
 
     async def action_regenerate(self) -> None:
         if self.generating or self.engine is None:
@@ -400,14 +423,15 @@ class ParleyApp(App[int]):
         await self.action_edit_last()
 
     async def action_new_chat(self) -> None:
-        await self.action_stop()
+        await self.replies.stop()
         await self.chat.remove_children()
         self.conversation = None
         self._session = None
-        self._context_used = 0
-        self._system_prompt_draft = ""
+        self.status.context_used = 0
+        self._system_prompt_draft = str(self.settings.get("system_prompt", "") or "")
         self.status.stats = None
         self.sub_title = ""
+        self._load_params(self._global_params)
         await self._remove_attachment()
         self.prompt.clear()
         self.prompt.focus()
@@ -419,7 +443,7 @@ class ParleyApp(App[int]):
         await self.action_new_chat()
         self.conversation = conversation
         self.sub_title = conversation.title
-        self._context_used = None
+        self._load_params({**self._global_params, **self._overrides()})
         views = []
         for m in self.store.messages(conversation_id):
             view = ChatMessage(m.role, m.content, m.attachment)
@@ -427,17 +451,80 @@ class ParleyApp(App[int]):
             views.append(view)
         await self.chat.mount_all(views)
         self.chat.anchor()
+        self._count_context()
+
+    @work(thread=True, group="count-context", exclusive=True, exit_on_error=False)
+    def _count_context(self) -> None:
+        """The tokens a resumed conversation will take in the context (the status bar's `ctx`)."""
+        engine, texts = self.engine, self._conversation_texts()
+        if engine is None:
+            return
+        used = paste_budget.budget(engine.context_window, sum(engine.count_tokens(t) for t in texts),
+                                   max(0, len(texts) - 2), 0).used
+        self.call_from_thread(setattr, self.status, "context_used", used)
+
+    # settings
+    def _overrides(self) -> dict[str, object]:
+        if self.conversation is None:
+            return {}
+        saved = self.settings.get("conversations", {})
+        found = saved.get(str(self.conversation.id), {}) if isinstance(saved, dict) else {}
+        return found if isinstance(found, dict) else {}
+
+    def _save_overrides(self, values: dict[str, object]) -> None:
+        assert self.conversation is not None
+        saved = self.settings.get("conversations", {})
+        saved = dict(saved) if isinstance(saved, dict) else {}
+        saved[str(self.conversation.id)] = values
+        self.settings.set("conversations", saved)
+
+    def _load_params(self, values: dict[str, object]) -> None:
+        apply_values(self.params, values)
+        self.panel.show_values()
+
+    def on_params_panel_changed(self, event: ParamsPanel.Changed) -> None:
+        """Keep the value: for the next start, and for this conversation when it is resumed."""
+        if event.attr == "seed":
+            return
+        self._global_params[event.attr] = event.value
+        self.settings.save_params_values(self._global_params)
+        if self.conversation is not None:
+            self._save_overrides({**self._overrides(), event.attr: event.value})
+
+    def action_reset_params(self) -> None:
+        defaults = GenerationParams()
+        values = {name: getattr(defaults, name, REPETITION_DEFAULTS.get(name)) for name in self._global_params}
+        self._global_params = dict(values)
+        self.settings.save_params_values(values)
+        if self.conversation is not None:
+            self._save_overrides({})
+        self._load_params(values)
+        self.notify("Sampling settings reset to defaults")
+
+    def action_toggle_drafts(self) -> None:
+        self.chat.toggle_class("-show-drafts")
+        on = self.chat.has_class("-show-drafts")
+        self.settings.set("show_drafts", on)
+        if on:
+            for m in self.chat.messages:
+                m.show_drafts()
+        self.notify("Drafted tokens are highlighted" if on else "Drafted tokens: colouring off")
 
     def action_toggle_params(self) -> None:
-        main = self.query_one("#main")
+        main = self.screen_stack[0].query_one("#main")
         main.toggle_class("-params")
+        # Focus now (not after a refresh, as focus() does), so the keys typed right after F2 go to the slider.
         if main.has_class("-params"):
-            self.panel.query("Slider").first().focus()
+            self.screen.set_focus(self.panel.query(Slider).first())
         else:
-            self.prompt.focus()
+            self.screen.set_focus(self.prompt)
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen())
+        self.push_screen(HelpScreen([
+            ("Chat", Binding.make_bindings(self.BINDINGS)),
+            ("Prompt", Binding.make_bindings(PromptInput.BINDINGS)),
+            ("On a message (Tab)", Binding.make_bindings(ChatMessage.BINDINGS)),
+        ]))
 
     def action_history(self) -> None:
         async def chosen(conversation_id: int | None) -> None:
@@ -456,6 +543,8 @@ class ParleyApp(App[int]):
             await self.action_new_chat()
 
     def action_system_prompt(self) -> None:
+        screen = SystemPromptScreen(self.system_prompt)
+
         def saved(text: str | None) -> None:
             if text is None:
                 return
@@ -464,10 +553,13 @@ class ParleyApp(App[int]):
                 self.conversation = self.store.conversation(self.conversation.id)
             else:
                 self._system_prompt_draft = text
+            if screen.as_default:
+                self.settings.set("system_prompt", text)  # new conversations start with it
             self._session = None  # the next reply starts a session with the new system prompt
-            self.notify("System prompt saved: it applies from the next reply")
+            where = " and for new chats" if screen.as_default else ""
+            self.notify(f"System prompt saved for this chat{where}: it applies from the next reply")
 
-        self.push_screen(SystemPromptScreen(self.system_prompt), saved)
+        self.push_screen(screen, saved)
 
     def action_export(self) -> None:
         if self.conversation is None:
@@ -475,12 +567,17 @@ class ParleyApp(App[int]):
             return
         self.export_conversation(self.conversation.id)
 
-    def export_conversation(self, conversation_id: int) -> Path:
+    def export_conversation(self, conversation_id: int) -> Path | None:
         conversation = self.store.conversation(conversation_id)
-        assert conversation is not None
-        path = self.export_dir / f"{slug(conversation.title)}-{conversation_id}.md"
-        path.write_text(self.store.export_markdown(conversation_id), encoding="utf-8")
-        self.notify(f"Exported to {path}", markup=False)
+        if conversation is None:
+            return None
+        path = (self.export_dir / f"{slug(conversation.title)}-{conversation_id}.md").resolve()
+        try:
+            path.write_text(self.store.export_markdown(conversation_id), encoding="utf-8")
+        except OSError as e:
+            self.notify(f"Could not export to {path}: {e.strerror or e}", severity="error", markup=False)
+            return None
+        self.notify(f"Exported to {path}", title="Export", timeout=10, markup=False)
         return path
 
     def _last_reply(self) -> ChatMessage | None:
@@ -495,7 +592,31 @@ class ParleyApp(App[int]):
         if (reply := self._last_reply()) is not None:
             reply.action_copy_code()
 
-    # pasted documents
+    # pasted and opened documents
+    def action_open_file(self) -> None:
+        async def chosen(path: str | None) -> None:
+            if path:
+                await self.attach_file(Path(path).expanduser())
+
+        self.push_screen(OpenFileScreen(), chosen)
+
+    async def attach_file(self, path: Path) -> None:
+        """Attach a text file as the document sent with the next message (llama-cli's /read)."""
+        try:
+            if path.stat().st_size > MAX_FILE_BYTES:
+                self.notify(f"{path} is over {MAX_FILE_BYTES // 1_000_000} MB: attach a smaller file",
+                            severity="error", markup=False)
+                return
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            self.notify(f"{path} is not UTF-8 text", severity="error", markup=False)
+            return
+        except OSError as e:
+            self.notify(f"Could not read {path}: {e.strerror or e}", severity="error", markup=False)
+            return
+        await self._set_attachment(paste_budget.normalise_newlines(text))
+        self.prompt.focus()
+
     async def on_prompt_input_large_paste(self, event: PromptInput.LargePaste) -> None:
         await self._set_attachment(event.text)
 
@@ -520,41 +641,31 @@ class ParleyApp(App[int]):
     async def _set_attachment(self, text: str, tokens: int | None = None) -> None:
         if self.attachment is not None:
             await self._remove_attachment()
-            self.notify("The new paste replaces the previous one")
+            self.notify("The new document replaces the previous one")
         chip = Attachment(text, id="attachment")
-        await self.query_one("#composer").mount(chip, before=self.prompt)
+        await self.screen_stack[0].query_one("#composer").mount(chip, before=self.prompt)
         self.prompt.has_attachment = True
         if tokens is not None:
             chip.set_tokens(tokens)
         elif self.engine is not None:
-            self._count_attachment(text, self._conversation_texts())
+            self._count_attachment(text)
 
-    def _budget(self, conversation_tokens: int) -> tuple[int, int, int]:
-        """(free tokens for a paste, context window, tokens kept back for the reply)."""
-        window = self.engine.context_window
-        reserve = min(self.params.max_new_tokens, window // 4)
-        return max(0, window - conversation_tokens - reserve), window, reserve
+    def _count_attachment(self, text: str) -> None:
+        self._measure_attachment(text, self._conversation_texts(), self.params.max_new_tokens)
 
     @work(thread=True, group="count", exclusive=True, exit_on_error=False)
-    def _count_attachment(self, text: str, conversation: list[str]) -> None:
+    def _measure_attachment(self, text: str, conversation: list[str], max_new_tokens: int) -> None:
         """Count tokens (and the fitting prefix, if it is too long) off the UI thread."""
         engine = self.engine
-        used = self._context_used
-        if used is None:
-            used = sum(engine.count_tokens(t) for t in conversation)
+        assert engine is not None
+        used = sum(engine.count_tokens(t) for t in conversation)
         tokens = engine.count_tokens(text)
-        free, window, reserve = self._budget(used)
-        if tokens <= free:
+        b = paste_budget.budget(engine.context_window, used, len(conversation), max_new_tokens)
+        if tokens <= b.free:
             self.call_from_thread(self._attachment_counted, text, tokens)
             return
-        kept, kept_tokens = fit_text(engine.count_tokens, text, free)
-        lines, kept_lines = text.count("\n") + 1, (kept.count("\n") + 1 if kept else 0)
-        message = (
-            f"It is {tokens:,} tokens, but only {free:,} fit: the context window is {window:,} tokens, "
-            f"this conversation uses {used:,} and {reserve:,} are kept for the reply.\n\n"
-            f"Truncate keeps the first {kept_lines:,} of {lines:,} lines ({kept_tokens:,} tokens). "
-            "Nothing is cut unless you choose it."
-        )
+        kept, kept_tokens = paste_budget.fit_text(engine.count_tokens, text, b.free)
+        message = paste_budget.too_long_message(tokens, b, text, kept, kept_tokens)
         self.call_from_thread(self._attachment_too_long, text, message, kept, kept_tokens)
 
     def _attachment_counted(self, text: str, tokens: int) -> None:

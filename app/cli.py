@@ -34,25 +34,44 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                         "(also PARLEY_COMPILE=1)")
 
 
+# Sampling flags: (name, type, default, help). Defaults are applied by `params_from_args`, so the chat
+# app can tell a flag given on the command line (it wins) from one left out (the saved value is kept).
+SAMPLING_FLAGS = (
+    ("temperature", float, 0.7, "0 = greedy"),
+    ("top_p", float, 0.95, "1 = off"),
+    ("top_k", int, 0, "0 = off"),
+    ("min_p", float, 0.0, "0 = off"),
+    ("repeat_penalty", float, 1.0, "divide the logits of recent tokens by this (llama.cpp); 1 = off"),
+    ("repeat_last_n", int, 64, "how many recent tokens the repeat penalty looks at"),
+    ("frequency_penalty", float, 0.0, "subtract this times each token's count so far (OpenAI); 0 = off"),
+    ("presence_penalty", float, 0.0, "subtract this from every token seen so far (OpenAI); 0 = off"),
+    ("max_new_tokens", int, 512, ""),
+    ("seed", int, None, "fixed seed for reproducible sampling"),
+    ("draft_tokens", int, 8, "upper bound of the adaptive draft length"),
+)
+
+
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--top-k", type=int, default=0, help="0 = off")
-    p.add_argument("--min-p", type=float, default=0.0, help="0 = off")
-    p.add_argument("--max-new-tokens", type=int, default=512)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--speculation", choices=("off", "prompt-lookup", "draft", "auto"), default="auto")
-    p.add_argument("--draft-tokens", type=int, default=8, help="upper bound of the adaptive draft length")
+    for name, kind, default, text in SAMPLING_FLAGS:
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=None,
+                       help=f"{text}{'; ' if text else ''}default: {default}")
+    p.add_argument("--speculation", choices=("off", "prompt-lookup", "draft", "auto"), default=None,
+                   help="default: auto")
 
 
-def params_from_args(args: argparse.Namespace):
+def params_from_args(args: argparse.Namespace, base=None):
+    """GenerationParams from `base` (default: the defaults) with the flags given on the command line."""
+    import copy
+
     from ..engine.params import GenerationParams
 
-    params = GenerationParams(
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
-        max_new_tokens=args.max_new_tokens, seed=args.seed, speculation=args.speculation,
-        draft_tokens=args.draft_tokens,
-    )
+    params = copy.copy(base) if base is not None else GenerationParams()
+    for name, _, default, _ in (*SAMPLING_FLAGS, ("speculation", str, "auto", "")):
+        value = getattr(args, name, None)
+        if value is not None:
+            setattr(params, name, value)
+        elif not hasattr(params, name):  # a field this engine version does not have yet
+            setattr(params, name, default)
     params.validate()
     return params
 
@@ -66,39 +85,77 @@ def print_progress(p) -> None:
     print(f"\r{msg[:100]:<100}", end="\n" if p.total and p.done >= p.total else "", file=sys.stderr, flush=True)
 
 
+def read_prompt(args: argparse.Namespace, stdin=None) -> str:
+    """The prompt: the argument, or stdin when it is `-` or absent and stdin is not a terminal; with
+    the `--file` document before it (as the chat app sends an attachment)."""
+    stdin = stdin if stdin is not None else sys.stdin
+    prompt = args.prompt
+    if prompt == "-" or (prompt is None and not stdin.isatty()):
+        prompt = stdin.read()
+    if prompt is None:
+        raise ValueError("no prompt: give it as an argument, or pipe it in (echo 'question' | parley generate)")
+    if args.file:
+        from pathlib import Path
+
+        from .store import compose_user_content
+
+        path = Path(args.file).expanduser()
+        try:
+            document = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"--file {path}: not UTF-8 text") from None
+        except OSError as e:
+            raise ValueError(f"--file {path}: {e.strerror or e}") from None
+        prompt = compose_user_content(prompt.strip(), document.replace("\r\n", "\n").replace("\r", "\n"))
+    if not prompt.strip():
+        raise ValueError("the prompt is empty: give a question as an argument or on stdin")
+    return prompt
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from ..engine.engine import Engine
-    from ..engine.events import Done, Stats, TextDelta
+    from ..engine.events import Done, Notice, Stats, TextDelta
 
     params = params_from_args(args)
+    prompt = read_prompt(args)
     if getattr(args, "server", None):
         engine = connect_remote(args)
     else:
         engine = Engine.load(args.model, quant=args.quant, draft=args.draft, device=args.device,
                              progress=print_progress, compile=args.compile)
-    messages = [{"role": "user", "content": args.prompt}]
+    messages = [{"role": "user", "content": prompt}]
     session = engine.session(system_prompt=args.system)
-    stats, done = None, None
+    stats, done, produced, last = None, None, False, ""
     try:
         for ev in session.reply(messages, params, threading.Event()):
             if isinstance(ev, TextDelta):
+                if ev.text:
+                    produced, last = True, ev.text
                 sys.stdout.write(ev.text)
                 sys.stdout.flush()
             elif isinstance(ev, Stats):
                 stats = ev
+            elif isinstance(ev, Notice):
+                print(f"parley: {ev.text}", file=sys.stderr)
             elif isinstance(ev, Done):
                 done = ev
     except KeyboardInterrupt:
         return 130
-    sys.stdout.write("\n")
+    if produced and not last.endswith("\n"):
+        sys.stdout.write("\n")  # the output ends with a newline, before any --stats line
     sys.stdout.flush()
     if args.stats and stats is not None:
         print(json.dumps({**stats.to_json(), "done": done.reason if done else None}), file=sys.stderr)
     if done is not None and done.reason == "error":
         print(f"parley: error: {done.detail}", file=sys.stderr)
         return 1
-    if done is not None and done.reason == "length" and "context window" in done.detail:
-        print(f"parley: {done.detail}", file=sys.stderr)
+    if done is not None and done.reason == "length" and "context" in done.detail:
+        print(f"parley: error: {done.detail}", file=sys.stderr)
+        return 3
+    if not produced:
+        print("parley: error: the model produced no text (try another prompt, a higher --max-new-tokens "
+              "or --temperature)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -147,13 +204,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_module_command(sub, "chat", "tui", "open the chat app (the default)")
 
     gen = sub.add_parser("generate", help="answer one prompt headlessly, streaming to stdout")
-    gen.add_argument("prompt")
+    gen.add_argument("prompt", nargs="?", default=None,
+                     help="the question; '-' or left out with a pipe: read it from stdin")
+    gen.add_argument("--file", default=None, metavar="PATH",
+                     help="attach a text file: it is sent before the prompt (as llama-cli's /read)")
     gen.add_argument("--system", default=None, help="system prompt")
     gen.add_argument("--stats", action="store_true", help="print final stats as one JSON line on stderr")
     add_model_arguments(gen)
     add_sampling_arguments(gen)
     add_remote_arguments(gen)  # remote (issue 11)
 
+    add_module_command(sub, "web", "web", "serve the chat app in a browser (127.0.0.1)")
     add_module_command(sub, "quantize", "cli_quantize", "AWQ-quantize a model into the Parley cache")
     add_module_command(sub, "serve", "serve", "serve the local engine as an OpenAI-compatible HTTP API")
     bench = sub.add_parser("bench", help="print speed / quality figures")
@@ -183,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return cmd_generate(args)
-        if args.command in ("chat", "quantize", "bench", "serve"):
+        if args.command in ("chat", "web", "quantize", "bench", "serve"):
             if getattr(args, "unavailable", None):
                 parser.error(f"{' '.join(argv[:2])} is unavailable: {args.unavailable}")
             return args.module.run(args)

@@ -1,27 +1,29 @@
-"""The app's actions in Textual's command palette (Ctrl+P)."""
+"""The app's actions in Textual's command palette (Ctrl+P), generated from the app's bindings.
+
+A binding's `tooltip` is the command's title and its key the help line, so keys, palette and help
+screen never disagree.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 
+from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-# (title, help, action name on the app)
-COMMANDS: tuple[tuple[str, str, str], ...] = (
-    ("New chat", "Start a new conversation", "new_chat"),
-    ("Regenerate last reply", "Ask again for the last answer", "regenerate"),
-    ("Edit last message", "Put your last message back in the prompt", "edit_last"),
-    ("Stop generation", "Stop the reply now, keeping what was shown", "stop"),
-    ("Toggle sampling panel", "Temperature, top-p, top-k, min-p, speculation…", "toggle_params"),
-    ("History", "Resume, rename, delete or export conversations", "history"),
-    ("Edit system prompt", "The system prompt of this conversation", "system_prompt"),
-    ("Export conversation as Markdown", "Write this conversation to a .md file", "export"),
-    ("Copy last reply", "Copy the last reply to the clipboard (OSC 52)", "copy_reply"),
-    ("Copy last code block", "Copy the last code block of the last reply", "copy_code"),
-    ("Summarise pasted document", "Send the attachment with a request to summarise it", "summarise"),
-    ("Keys", "Show the help screen", "help"),
-)
+
+def key_label(binding: Binding) -> str:
+    """'Ctrl+R' for 'ctrl+r', 'F2' for 'f2', 'Esc' for 'escape'; several keys joined with ', '."""
+    names = {"escape": "Esc", "enter": "Enter", "up": "↑", "down": "↓"}
+    return ", ".join(names.get(k, "+".join(p.upper() if len(p) <= 3 and p[0] == "f" else p.capitalize()
+                                          for p in k.split("+")))
+                     for k in binding.key.split(","))
+
+
+def palette_entries(bindings: Iterable[Binding]) -> list[tuple[str, str, str]]:
+    """(title, help, action) for each binding that says what it does."""
+    return [(b.tooltip, f"key: {b.key_display or key_label(b)}", b.action) for b in bindings if b.tooltip]
 
 
 class ParleyCommands(Provider):
@@ -30,13 +32,16 @@ class ParleyCommands(Provider):
     def _callback(self, action: str) -> Callable[[], object]:
         return partial(self.app.run_action, action)
 
+    def _entries(self) -> list[tuple[str, str, str]]:
+        return palette_entries(Binding.make_bindings(type(self.app).BINDINGS))
+
     async def discover(self) -> Hits:
-        for title, help_text, action in COMMANDS:
+        for title, help_text, action in self._entries():
             yield DiscoveryHit(title, self._callback(action), help=help_text)
 
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
-        for title, help_text, action in COMMANDS:
+        for title, help_text, action in self._entries():
             score = matcher.match(title)
             if score > 0:
                 yield Hit(score, matcher.highlight(title), self._callback(action), help=help_text)

@@ -10,7 +10,18 @@ import time
 from dataclasses import dataclass, field
 
 from parley.app.widgets.message import ChatMessage
-from parley.engine.events import Done, Stats, TextDelta
+from parley.engine.events import Done, Event, Notice, Stats, TextDelta
+
+
+@dataclass
+class Batch:
+    """What arrived since the last drain."""
+
+    text: str = ""
+    drafted: list[tuple[int, int]] = field(default_factory=list)  # (start, end) in `text` from accepted drafts
+    stats: Stats | None = None
+    notices: list[str] = field(default_factory=list)
+    done: Done | None = None  # set only once all text before it is in `text`
 
 
 class ReplyBuffer:
@@ -18,25 +29,32 @@ class ReplyBuffer:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._text: list[str] = []
-        self._stats: Stats | None = None
+        self._batch = Batch()
+        self._pieces: list[str] = []
+        self._length = 0  # characters in `_pieces`
         self._done: Done | None = None
         self.tokens = 0  # tokens decided so far: TextDelta count, corrected by Stats.new_tokens
         self.started = time.perf_counter()
         self.first_at: float | None = None
         self.last_at: float | None = None
 
-    def push(self, event: TextDelta | Stats | Done) -> None:
+    def push(self, event: Event) -> None:
         with self._lock:
+            batch = self._batch
             if isinstance(event, TextDelta):
-                self._text.append(event.text)
+                if event.draft_chars:
+                    batch.drafted.append((self._length, self._length + min(event.draft_chars, len(event.text))))
+                self._pieces.append(event.text)
+                self._length += len(event.text)
                 self.tokens += 1
                 self.last_at = time.perf_counter()
                 if self.first_at is None:
                     self.first_at = self.last_at
             elif isinstance(event, Stats):
-                self._stats = event
+                batch.stats = event
                 self.tokens = max(self.tokens, event.new_tokens)
+            elif isinstance(event, Notice):
+                batch.notices.append(event.text)
             elif self._done is None:
                 self._done = event
 
@@ -50,13 +68,15 @@ class ReplyBuffer:
         rate = (n - 1) / (last - first) if n > 1 and last > first else 0.0
         return n, rate, first - self.started
 
-    def drain(self) -> tuple[str, Stats | None, Done | None]:
-        """Everything since the last drain; `Done` is returned only after all text before it."""
+    def drain(self) -> Batch:
+        """Everything since the last drain; `done` comes only with (or after) all text before it."""
         with self._lock:
-            text, stats, done = "".join(self._text), self._stats, self._done
-            self._text.clear()
-            self._stats = None
-            return text, stats, done
+            batch, self._batch = self._batch, Batch()
+            batch.text = "".join(self._pieces)
+            self._pieces.clear()
+            self._length = 0
+            batch.done = self._done
+            return batch
 
 
 @dataclass

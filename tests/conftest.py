@@ -15,3 +15,4 @@ def _isolated_dirs(tmp_path_factory, monkeypatch):
     base = tmp_path_factory.getbasetemp()
     monkeypatch.setenv("PARLEY_DATA_DIR", str(base / "parley-data"))
     monkeypatch.setenv("PARLEY_CACHE_DIR", str(base / "parley-cache"))
+    monkeypatch.setenv("PARLEY_CONFIG_DIR", str(base / "parley-config"))

@@ -1,4 +1,4 @@
-"""A scripted stand-in for `parley.engine.engine.Engine`: same API, known tokens, controlled rate.
+"""A scripted stand-in for `parley.engine.engine.Engine` (an `EngineLike`): known tokens, controlled rate.
 
 Every `reply` call is recorded with the messages it got and the params snapshot of each round, so a
 test can check what the UI sent and when a slider change reached the engine.
@@ -10,8 +10,9 @@ import re
 import threading
 from dataclasses import dataclass, field
 
-from parley.engine.events import Done, Stats, TextDelta
+from parley.engine.events import Done, Notice, Stats, TextDelta
 from parley.engine.params import GenerationParams
+from parley.engine.protocol import Capabilities
 from parley.models.progress import Progress, ProgressFn
 
 DEFAULT_REPLY = (
@@ -47,17 +48,31 @@ class FakeSession:
         tokens = split_tokens(engine.replies[min(len(engine.calls) - 1, len(engine.replies) - 1)])
         cancel = cancel or threading.Event()
         prompt_tokens = sum(engine.count_tokens(m["content"]) for m in messages)
+        hold_at = engine.hold_at if len(engine.calls) == 1 else None
         for i, token in enumerate(tokens):
             call.snapshots.append(params.snapshot())
             if i == engine.fail_at:
                 raise RuntimeError("scripted failure")
+            if i == hold_at:  # a test looks at the reply mid-stream, for as long as it needs
+                engine.holding.set()
+                while not engine.release.wait(0.01) and not cancel.is_set():
+                    pass
             # Waiting on the cancel event keeps the rate controlled and the stop prompt.
             if cancel.wait(engine.delay) or cancel.is_set():
                 call.reason = "cancelled"
                 yield Done("cancelled")
                 return
             call.shown += token
-            yield TextDelta(token)
+            if i in engine.notices:
+                yield Notice(engine.notices[i])
+            # Every other token "came from an accepted draft" when speculating, so the view can be checked.
+            drafted = len(token) if engine.drafted and params.speculation != "off" and i % 2 else 0
+            yield TextDelta(token, draft_chars=drafted)
+            if engine.stop_at_window and prompt_tokens + i + 1 >= engine.context_window:
+                call.reason = "length"
+                yield self._stats(i + 1, prompt_tokens, params)
+                yield Done("length", f"the context window ({engine.context_window:,} tokens) is full")
+                return
             if (engine.stats_every and (i + 1) % engine.stats_every == 0) or i + 1 == len(tokens):
                 yield self._stats(i + 1, prompt_tokens, params)
             if i + 1 >= params.max_new_tokens:
@@ -79,6 +94,7 @@ class FakeSession:
             prompt_tokens=prompt_tokens,
             context_tokens=prompt_tokens + n,
             context_window=self.engine.context_window,
+            drafter=("prompt lookup" if speculating else ""),
         )
 
 
@@ -87,12 +103,28 @@ class FakeEngine:
     quantization = "awq-int4"
 
     def __init__(self, replies: list[str] | None = None, *, delay: float = 0.0, context_window: int = 4096,
-                 fail_at: int | None = None, stats_every: int | None = 8) -> None:
+                 fail_at: int | None = None, stats_every: int | None = 8, model_name: str | None = None,
+                 quantization: str | None = None, capabilities: Capabilities | None = None,
+                 notices: dict[int, str] | None = None, drafted: bool = False,
+                 stop_at_window: bool = False, hold_at: int | None = None) -> None:
         self.replies = replies or [DEFAULT_REPLY]
         self.delay = delay
         self.context_window = context_window
         self.fail_at = fail_at
-        self.stats_every = stats_every  # None: Stats only at the end, like the real engine today
+        self.stats_every = stats_every  # None: Stats only at the end
+        if model_name is not None:
+            self.model_name = model_name
+        if quantization is not None:
+            self.quantization = quantization
+        self.capabilities = capabilities or Capabilities()
+        self.notices = notices or {}  # token index -> a Notice yielded before that token
+        self.drafted = drafted  # mark every other token as from an accepted draft
+        self.stop_at_window = stop_at_window  # end with Done("length") when the window is full
+        # Hold the first reply before its token `hold_at` (that round's params already read) until
+        # `release` is set; `holding` says it got there. Only the first reply holds.
+        self.hold_at = hold_at
+        self.holding = threading.Event()
+        self.release = threading.Event()
         self.calls: list[ReplyCall] = []
         self.sessions: list[FakeSession] = []
 

@@ -34,14 +34,22 @@ async def test_escape_cancels_and_next_reply_is_consistent(tmp_path):
         assert [m.content for m in stored] == ["Talk a lot", shown, "Thanks", "Done."]
 
 
-async def test_escape_before_first_token_gives_the_question_back(tmp_path):
-    engine = FakeEngine(delay=2.0)
+async def test_escape_before_first_token_keeps_the_turn_and_says_so(tmp_path):
+    engine = FakeEngine(replies=["never shown", "Second try."], delay=5.0)
     app, _ = make_app(tmp_path, engine)
     async with app.run_test(size=(80, 24)) as pilot:
         await ready(app, pilot)
         await send(app, pilot, "never mind")
-        await wait_until(lambda: app.generating)
+        await wait_until(lambda: app.generating and engine.calls)
         await pilot.press("escape")
-        await pilot.pause()
-        assert app.chat.messages == [] and app.prompt.text == "never mind"
-        assert app.store.messages(app.conversation.id) == []
+        await wait_until(lambda: not app.generating)
+        # The question stays, on screen and in history; no empty reply is kept; the user is told.
+        assert [(m.role, m.content) for m in app.chat.messages] == [("user", "never mind")]
+        assert [m.content for m in app.store.messages(app.conversation.id)] == ["never mind"]
+        assert app.prompt.text == "" and app.prompt.has_focus
+        assert any("stopped before its first token" in str(n.message) for n in app._notifications)
+        engine.delay = 0.0
+        await pilot.press("ctrl+r")  # regenerate answers the kept question
+        await wait_until(lambda: len(engine.calls) == 2 and not app.generating)
+        assert engine.calls[1].messages == [{"role": "user", "content": "never mind"}]
+        assert app.chat.messages[-1].content == "Second try."

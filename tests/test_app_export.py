@@ -36,3 +36,16 @@ async def test_export_writes_expected_markdown(tmp_path):
             "## Assistant\n\n"
             "It is short.\n"
         )
+
+
+async def test_export_says_where_it_wrote(tmp_path):
+    app, engine = make_app(tmp_path, FakeEngine(replies=["Yes."]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(app, pilot)
+        await send(app, pilot, "Export me?")
+        await wait_until(lambda: engine.calls and not app.generating)
+        await pilot.press("f9")
+        path = (tmp_path / f"export-me-{app.conversation.id}.md").resolve()
+        await wait_until(lambda: path.exists())
+        assert any(str(n.message) == f"Exported to {path}" for n in app._notifications)
+        assert path.is_absolute()

@@ -32,7 +32,8 @@ async def test_progress_is_shown_then_chat_opens(tmp_path):
 async def _check_progress(app, pilot, gate, engine) -> None:
     try:
         screen = app.screen
-        await wait_until(lambda: "layer 12 of 30" in str(screen.query_one("#quantize-detail").render()))
+        await wait_until(lambda: screen.query("#quantize-detail")
+                         and "layer 12 of 30" in str(screen.query_one("#quantize-detail").render()))
         assert str(screen.query_one("#quantize-detail").render()) == "layer 12 of 30 · ETA 40s"
         assert str(screen.query_one("#download-detail").render()).startswith("988.0 MB / 988.0 MB")
         assert screen.query_one("#download-bar").percentage == 1.0

@@ -11,7 +11,8 @@ from parley.app.widgets.slider import Slider
 pytestmark = pytest.mark.anyio
 
 async def test_slider_moved_mid_stream_reaches_next_round(tmp_path):
-    engine = FakeEngine(replies=["tok " * 60], delay=0.02)
+    # The engine holds inside round 5 (its params already read) while the slider moves.
+    engine = FakeEngine(replies=["tok " * 60], hold_at=5)
     app, _ = make_app(tmp_path, engine)
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(app, pilot)
@@ -19,17 +20,16 @@ async def test_slider_moved_mid_stream_reaches_next_round(tmp_path):
         await pilot.press("f2")  # the panel opens focused on the temperature slider
         slider = app.query_one("#slider-temperature", Slider)
         assert slider.has_focus
-        await wait_until(lambda: len(engine.calls[0].snapshots) >= 5)
+        await wait_until(engine.holding.is_set)
         await pilot.press("right", "right")  # 0.70 -> 0.80
         assert app.params.temperature == 0.8  # the live object changed immediately
-        rounds_before = len(engine.calls[0].snapshots)
+        engine.release.set()
         await wait_until(lambda: not app.generating, timeout=10)
         temps = [s.temperature for s in engine.calls[0].snapshots]
-        assert temps[0] == 0.7 and temps[-1] == 0.8
-        first_new = temps.index(0.8)
-        assert 0 < first_new <= rounds_before + 1 and all(t == 0.8 for t in temps[first_new:])
+        # Rounds 0-5 read 0.7 (round 5 before the change), every later round reads 0.8.
+        assert temps[:6] == [0.7] * 6 and len(temps) > 6 and set(temps[6:]) == {0.8}
         applied = str(app.query_one("#applied").render())
-        assert applied.startswith("temperature = 0.8 · applied after token ")
+        assert applied == "temperature = 0.8 · applied after token 5"
 
 
 async def test_panel_controls_write_the_live_params(tmp_path):

@@ -7,7 +7,8 @@ from app_support import make_app, ready, wait_until
 from fake_engine import FakeEngine
 from textual import events
 
-from parley.app.chat_app import SUMMARISE_PROMPT, fit_text
+from parley.app.chat_app import SUMMARISE_PROMPT
+from parley.app.paste_budget import budget, fit_text
 from parley.app.screens.dialogs import TooLongScreen
 
 pytestmark = pytest.mark.anyio
@@ -66,9 +67,10 @@ async def test_paste_over_the_context_window_asks(tmp_path, choice):
         await ready(app, pilot)
         app.prompt.focus()
         app.post_message(events.Paste(DOC))
-        await wait_until(lambda: isinstance(app.screen, TooLongScreen))
+        await wait_until(lambda: isinstance(app.screen, TooLongScreen) and app.screen.query("#too-long-message"))
         message = str(app.screen.query_one("#too-long-message").render())
-        assert f"It is {engine.count_tokens(DOC):,} tokens, but only 300 fit" in message
+        free = budget(400, 0, 0, app.params.max_new_tokens).free  # 400 - 100 for the reply - the framing
+        assert f"It is {engine.count_tokens(DOC):,} tokens, but only {free} fit" in message
         assert "of 214 lines" in message
         assert app.attachment.tokens is None  # nothing can be sent until the user chooses
         await pilot.press("t" if choice == "truncate" else "escape")
@@ -77,7 +79,7 @@ async def test_paste_over_the_context_window_asks(tmp_path, choice):
             assert app.attachment is None
         else:
             chip = app.attachment
-            assert chip.tokens <= 300 and DOC.startswith(chip.text) and chip.text.endswith("of the report")
+            assert chip.tokens <= free and DOC.startswith(chip.text) and chip.text.endswith("of the report")
 
 
 def test_fit_text_keeps_whole_lines_when_it_can():

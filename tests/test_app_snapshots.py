@@ -53,7 +53,10 @@ def test_sliders_panel_open(snap_compare, tmp_path, size):
     async def run_before(pilot) -> None:
         await _chat_with_reply(pilot)
         await pilot.press("f2", "right", "right")  # temperature 0.70 -> 0.80, shown as applied
-        await pilot.pause(0.8)  # let the flash end
+        panel = pilot.app.panel
+        await wait_until(lambda: "temperature = 0.8" in str(panel.query_one("#applied").render()))
+        await wait_until(lambda: not panel.has_class("-flash"))  # the flash ends on its own timer
+        await pilot.pause()
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)
 
@@ -71,7 +74,8 @@ def test_first_run_progress(snap_compare, tmp_path, size):
 
     async def run_before(pilot) -> None:
         await wait_until(lambda: isinstance(pilot.app.screen, LoadingScreen))
-        await wait_until(lambda: "layer 12" in str(pilot.app.screen.query_one("#quantize-detail").render()))
+        await wait_until(lambda: pilot.app.screen.query("#quantize-detail")
+                         and "layer 12" in str(pilot.app.screen.query_one("#quantize-detail").render()))
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import pytest
 from app_support import make_app, ready, send, wait_until
-from fake_engine import DEFAULT_REPLY, FakeEngine
+from fake_engine import DEFAULT_REPLY, FakeEngine, split_tokens
 
 pytestmark = pytest.mark.anyio
 
 async def test_send_streams_reply(tmp_path):
-    app, engine = make_app(tmp_path, FakeEngine(delay=0.02))
+    engine = FakeEngine(hold_at=5)
+    app, _ = make_app(tmp_path, engine)
     async with app.run_test(size=(80, 24)) as pilot:
         await ready(app, pilot)
         await send(app, pilot, "How do I add two numbers?")
-        await wait_until(lambda: len(app.chat.messages) == 2 and app.chat.messages[1].content)
-        # Mid-stream: part of the reply is visible, not yet all of it.
-        partial = app.chat.messages[1].content
-        assert app.generating and DEFAULT_REPLY.startswith(partial) and partial != DEFAULT_REPLY
-        assert app.chat.messages[1].has_class("-streaming")
+        # Mid-stream (the engine holds before its sixth token): the first five are on screen.
+        first_five = "".join(split_tokens(DEFAULT_REPLY)[:5])
+        await wait_until(lambda: engine.holding.is_set() and len(app.chat.messages) == 2
+                         and app.chat.messages[1].content == first_five)
+        assert app.generating and app.chat.messages[1].has_class("-streaming")
+        engine.release.set()
         await wait_until(lambda: not app.generating)
         user, reply = app.chat.messages
         assert (user.role, user.content) == ("user", "How do I add two numbers?")
@@ -70,34 +72,34 @@ async def test_engine_error_is_reported_and_partial_kept(tmp_path):
 
 
 async def test_view_follows_the_bottom_unless_scrolled_up(tmp_path):
-    engine = FakeEngine(replies=["line\n\n" * 300], delay=0.01)
+    engine = FakeEngine(replies=["line\n\n" * 200], hold_at=60)
     app, _ = make_app(tmp_path, engine)
     async with app.run_test(size=(80, 24)) as pilot:
         await ready(app, pilot)
         await send(app, pilot, "lines please")
         chat = app.chat
-        await wait_until(lambda: chat.max_scroll_y > 10)
-        await pilot.pause()
-        assert chat.scroll_y >= chat.max_scroll_y - 2  # following
+        await wait_until(lambda: engine.holding.is_set() and chat.max_scroll_y > 10)
+        await wait_until(lambda: chat.scroll_y >= chat.max_scroll_y - 2)  # following
         chat.focus()
         await pilot.press("pageup")
+        await wait_until(lambda: chat.scroll_y < chat.max_scroll_y)
+        held, grown = chat.scroll_y, chat.max_scroll_y
+        engine.release.set()
+        await wait_until(lambda: not app.generating and chat.max_scroll_y > grown + 5, timeout=60)
         await pilot.pause()
-        held = chat.scroll_y
-        assert held < chat.max_scroll_y
-        grown = chat.max_scroll_y
-        await wait_until(lambda: chat.max_scroll_y > grown + 5)
         assert chat.scroll_y == held  # the user's place is kept while the reply grows
-        await pilot.press("escape")
 
 
 async def test_status_estimates_speed_until_the_engine_reports(tmp_path):
-    engine = FakeEngine(replies=["tok " * 40], delay=0.02, stats_every=None)  # Stats only at the end
+    engine = FakeEngine(replies=["tok " * 40], stats_every=None, hold_at=10)  # Stats only at the end
     app, _ = make_app(tmp_path, engine)
     async with app.run_test(size=(120, 24)) as pilot:
         await ready(app, pilot)
         await send(app, pilot, "go")
-        await wait_until(lambda: app.status.live is not None and app.status.live[0] >= 5)
+        await wait_until(lambda: engine.holding.is_set() and app.status.live is not None
+                         and app.status.live[0] == 10)
         line = str(app.status.render())
-        assert "~" in line and "tok/s" in line and "ttft" in line
+        assert "~" in line and "tok/s" in line and "ttft" in line and "10 tok" in line
+        engine.release.set()
         await wait_until(lambda: not app.generating)
         assert app.status.live is None and "42.5 tok/s" in str(app.status.render())

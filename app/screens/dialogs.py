@@ -6,17 +6,20 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Label, Static, TextArea
+from textual.widgets import Button, Input, Label, Static, TextArea
 
 
 class SystemPromptScreen(ModalScreen[str | None]):
-    """Edit the system prompt of this conversation. Dismisses with the new text, or None to cancel."""
+    """Edit the system prompt of this conversation. Dismisses with the new text, or None to cancel;
+    `as_default` says the user also wants it for new conversations (kept across restarts)."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save")]
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save"),
+                Binding("ctrl+d", "save(True)", "Save as default")]
 
     def __init__(self, system_prompt: str) -> None:
         super().__init__()
         self.system_prompt = system_prompt
+        self.as_default = False
 
     def compose(self) -> ComposeResult:
         with Vertical(id="system-box", classes="dialog"):
@@ -24,15 +27,17 @@ class SystemPromptScreen(ModalScreen[str | None]):
             yield TextArea(self.system_prompt, id="system-text", soft_wrap=True)
             with Horizontal(classes="dialog--buttons"):
                 yield Button("Save", variant="primary", id="save")
+                yield Button("Save as default", id="save-default", tooltip="Also for new chats (Ctrl+D)")
                 yield Button("Cancel", id="cancel")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "save":
-            self.action_save()
+        if event.button.id in ("save", "save-default"):
+            self.action_save(event.button.id == "save-default")
         else:
             self.action_cancel()
 
-    def action_save(self) -> None:
+    def action_save(self, as_default: bool = False) -> None:
+        self.as_default = as_default
         self.dismiss(self.query_one("#system-text", TextArea).text.strip())
 
     def action_cancel(self) -> None:
@@ -61,3 +66,20 @@ class TooLongScreen(ModalScreen[bool]):
 
     def action_choose(self, truncate: bool) -> None:
         self.dismiss(truncate)
+
+
+class OpenFileScreen(ModalScreen[str | None]):
+    """Ask for a path to attach (llama-cli's /read). Dismisses with the path typed, or None."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="open-file-box", classes="dialog"):
+            yield Label("Attach a text file: its path (Enter attaches, Esc cancels)")
+            yield Input(placeholder="~/notes/report.md", id="open-file-path")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip() or None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

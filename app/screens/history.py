@@ -1,4 +1,4 @@
-"""Past conversations: resume, rename, delete, export."""
+"""Past conversations: search, resume, rename, delete, export."""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ class HistoryScreen(ModalScreen[int | None]):
         Binding("r", "rename", "Rename"),
         Binding("d", "delete", "Delete"),
         Binding("x", "export", "Export .md"),
+        Binding("slash", "search", "Search"),
     ]
 
     def __init__(self, store: Store, current: int | None) -> None:
@@ -48,10 +49,12 @@ class HistoryScreen(ModalScreen[int | None]):
         self.store = store
         self.current = current
         self._confirm_delete: int | None = None
+        self._texts: dict[int, str] | None = None  # conversation id -> its title and messages, lowercased
 
     def compose(self) -> ComposeResult:
         with Vertical(id="history-box"):
-            yield Label("History · Enter resumes", id="history-title")
+            yield Label("History · Enter resumes · / searches", id="history-title")
+            yield Input(placeholder="Search titles and messages (/)", id="history-search")
             yield OptionList(id="history-list")
             yield Input(placeholder="New title, Enter to save", id="history-rename")
         yield Footer()
@@ -59,17 +62,36 @@ class HistoryScreen(ModalScreen[int | None]):
     def on_mount(self) -> None:
         self._reload()
         self.query_one("#history-rename", Input).display = False
+        self.query_one("#history-list").focus()
+
+    def _matches(self, query: str) -> set[int]:
+        if self._texts is None:
+            self._texts = {
+                conv.id: "\n".join([conv.title, *(m.content for m in self.store.messages(conv.id))]).lower()
+                for conv in self.store.conversations()
+            }
+        return {cid for cid, text in self._texts.items() if query in text}
 
     def _reload(self) -> None:
         options = self.query_one("#history-list", OptionList)
         highlighted = options.highlighted
         options.clear_options()
+        query = self.query_one("#history-search", Input).value.strip().lower()
+        found = self._matches(query) if query else None
         for conv in self.store.conversations():
-            options.add_option(Option(self._prompt(conv), id=str(conv.id)))
+            if found is None or conv.id in found:
+                options.add_option(Option(self._prompt(conv), id=str(conv.id)))
         if options.option_count:
             options.highlighted = min(highlighted or 0, options.option_count - 1)
         else:
-            options.add_option(Option("No conversations yet", disabled=True))
+            options.add_option(Option("No match" if query else "No conversations yet", disabled=True))
+
+    def action_search(self) -> None:
+        self.query_one("#history-search", Input).focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "history-search":
+            self._reload()
 
     def _prompt(self, conv: Conversation) -> Text:
         mark = "● " if conv.id == self.current else "  "
@@ -88,7 +110,9 @@ class HistoryScreen(ModalScreen[int | None]):
 
     def action_close(self) -> None:
         rename = self.query_one("#history-rename", Input)
-        if rename.display:
+        if self.query_one("#history-search", Input).has_focus:
+            self.query_one("#history-list").focus()
+        elif rename.display:
             rename.display = False
             self.query_one("#history-list").focus()
         else:
@@ -105,10 +129,15 @@ class HistoryScreen(ModalScreen[int | None]):
         rename.focus()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "history-search":  # Enter in the search box resumes the first match
+            if (conv_id := self._selected()) is not None:
+                self.dismiss(conv_id)
+            return
         conv_id = self._selected()
         title = event.value.strip()
         if conv_id is not None and title:
             self.store.rename(conv_id, title)
+            self._texts = None
             self.app.post_message(Renamed(conv_id, title))
         event.input.display = False
         self._reload()
@@ -124,6 +153,7 @@ class HistoryScreen(ModalScreen[int | None]):
             return
         self._confirm_delete = None
         self.store.delete(conv_id)
+        self._texts = None
         self.app.post_message(Deleted(conv_id))
         self._reload()
 
@@ -133,7 +163,7 @@ class HistoryScreen(ModalScreen[int | None]):
             self.app.export_conversation(conv_id)  # type: ignore[attr-defined]
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        # Letters type into the rename box while it is open.
-        if action in ("rename", "delete", "export"):
-            return not self.query_one("#history-rename", Input).has_focus
+        # Letters type into the rename and search boxes while they have focus.
+        if action in ("rename", "delete", "export", "search"):
+            return not isinstance(self.focused, Input)
         return True

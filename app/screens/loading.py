@@ -1,4 +1,7 @@
-"""First run: download and quantization progress while the engine loads in a thread worker."""
+"""First run: download and quantization progress while the engine loads in a thread worker.
+
+Only steps that happen are shown: a row appears with its first progress report.
+"""
 
 from __future__ import annotations
 
@@ -52,21 +55,40 @@ class LoadingScreen(Screen[None]):
         self.model_ref = model_ref
         self._failed = False
         self._download_samples: list[tuple[float, float]] = []  # (monotonic time, bytes done)
+        self._early: list[Progress | BaseException] | None = []  # reports that came before the mount
+
+    def on_mount(self) -> None:
+        self.call_after_refresh(self._replay)  # a screen's children are composed after its Mount
+
+    def _replay(self) -> None:
+        early, self._early = self._early or [], None
+        for item in early:
+            if isinstance(item, BaseException):
+                self.show_error(item)
+            else:
+                self.show_progress(item)
 
     def compose(self) -> ComposeResult:
         with Vertical(id="loading-box"):
             yield Static(f"Preparing {self.model_ref or 'the default model'}", id="loading-title", markup=False)
-            yield Label("Download", classes="loading--stage")
-            yield ProgressBar(id="download-bar", show_eta=False)
-            yield Label("waiting…", id="download-detail", classes="loading--detail", markup=False)
-            yield Label("Quantize (AWQ INT4)", classes="loading--stage")
-            yield ProgressBar(id="quantize-bar", show_eta=False)
-            yield Label("waiting…", id="quantize-detail", classes="loading--detail", markup=False)
+            with Vertical(id="download-step", classes="loading--step"):
+                yield Label("Download", classes="loading--stage")
+                yield ProgressBar(id="download-bar", show_eta=False)
+                yield Label("", id="download-detail", classes="loading--detail", markup=False)
+            with Vertical(id="quantize-step", classes="loading--step"):
+                yield Label("Quantize (AWQ INT4)", classes="loading--stage")
+                yield ProgressBar(id="quantize-bar", show_eta=False)
+                yield Label("", id="quantize-detail", classes="loading--detail", markup=False)
             yield Label("", id="load-detail", classes="loading--detail", markup=False)
             yield Static("", id="loading-error")
         yield Footer()
 
     def show_progress(self, p: Progress) -> None:
+        if self._early is not None:
+            self._early.append(p)
+            return
+        if p.stage in ("download", "quantize"):
+            self.query_one(f"#{p.stage}-step").display = True
         if p.stage == "download":
             self._show_download(p)
         elif p.stage == "quantize":
@@ -98,7 +120,13 @@ class LoadingScreen(Screen[None]):
         self.query_one("#download-detail", Label).update(detail)
 
     def show_error(self, error: BaseException) -> None:
+        if self._early is not None:
+            self._early.append(error)
+            return
         self._failed = True
+        for bar in self.query(ProgressBar).results(ProgressBar):  # an unknown total animates: stop it
+            if bar.total is None:
+                bar.update(total=1, progress=0)
         self.query_one("#loading-error", Static).update(
             f"[b]Could not load the model[/b]\n{type(error).__name__}: {escape(str(error))}\n\n"
             f"{escape(error_hint(error))}\n"

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
-from textual.widgets import Label, Markdown
+from textual.widgets import Label, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
 _FENCE = re.compile(r"^(`{3,}|~{3,})[^\n]*\n(.*?)^\1[ \t]*$", re.DOTALL | re.MULTILINE)
@@ -32,8 +33,8 @@ class ChatMessage(Vertical, can_focus=True):
     """A user or assistant turn. An assistant turn can stream: deltas go through a `MarkdownStream`."""
 
     BINDINGS = [
-        Binding("c", "copy_message", "Copy"),
-        Binding("y", "copy_code", "Copy code"),
+        Binding("c", "copy_message", "Copy", tooltip="Copy this message"),
+        Binding("y", "copy_code", "Copy code", tooltip="Copy its code block (again: the one before)"),
     ]
 
     def __init__(self, role: str, content: str = "", attachment: str | None = None,
@@ -44,6 +45,7 @@ class ChatMessage(Vertical, can_focus=True):
         self.attachment = attachment
         self.attachment_tokens = attachment_tokens
         self.db_id: int | None = None
+        self.drafted: list[tuple[int, int]] = []  # (start, end) of characters from accepted draft tokens
         self._stream: MarkdownStream | None = None
         self._code_index = 0
 
@@ -53,6 +55,19 @@ class ChatMessage(Vertical, can_focus=True):
             label = attachment_label(self.attachment, self.attachment_tokens, counting=False)
             yield Label(label, classes="message--attachment", markup=False)
         yield Markdown(self.content, classes="message--body")
+        if self.role == "assistant":
+            yield Static(classes="message--drafts")  # the optional "colour drafted tokens" view
+
+    def drafts_text(self) -> Text:
+        """The reply as plain text, with the characters that came from accepted drafts highlighted."""
+        text = Text(self.content)
+        for start, end in self.drafted:
+            text.stylize("reverse", start, end)
+        return text
+
+    def show_drafts(self) -> None:
+        for view in self.query(".message--drafts").results(Static):
+            view.update(self.drafts_text())
 
     @property
     def body(self) -> Markdown:
@@ -62,11 +77,15 @@ class ChatMessage(Vertical, can_focus=True):
         self.add_class("-streaming")
         self._stream = Markdown.get_stream(self.body)
 
-    async def append(self, text: str) -> None:
+    async def append(self, text: str, drafted: list[tuple[int, int]] | None = None) -> None:
         """Append a batch of deltas. Incremental: the stream only re-parses the tail."""
+        offset = len(self.content)
+        self.drafted.extend((offset + a, offset + b) for a, b in drafted or ())
         self.content += text
         if self._stream is not None:
             await self._stream.write(text)
+        if self.parent is not None and self.parent.has_class("-show-drafts"):
+            self.show_drafts()
 
     async def finish(self) -> None:
         """End the stream, then render the whole text once, so code fences close and highlight."""

@@ -1,7 +1,8 @@
 """The live sampling panel: every control writes straight into the shared `GenerationParams`.
 
 The engine snapshots that object at the start of each round, so a change made while a reply streams
-takes effect from the next round. The panel says so ("from token N") and flashes.
+takes effect from the next round. The panel says so ("from token N") and flashes. A backend that cannot
+honour a parameter greys its control out with the reason (`Capabilities.unsupported`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,14 @@ from textual.widgets import Input, Label, Select, Static
 
 from parley.app.widgets.slider import Slider
 from parley.engine.params import SPECULATION_MODES, GenerationParams
+from parley.engine.protocol import Capabilities
+
+# Repetition control (llama.cpp / OpenAI semantics); read with these defaults until every engine has them.
+REPETITION_DEFAULTS = {"repeat_penalty": 1.0, "repeat_last_n": 64, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+
+
+def param(params: GenerationParams, attr: str) -> object:
+    return getattr(params, attr, REPETITION_DEFAULTS.get(attr))
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,10 @@ SLIDERS = (
     SliderSpec("top_p", "Top-p", 0.05, 1.0, 0.01, off_at=1.0),
     SliderSpec("top_k", "Top-k", 0, 100, 1, off_at=0),
     SliderSpec("min_p", "Min-p", 0.0, 0.5, 0.01, off_at=0.0),
+    SliderSpec("repeat_penalty", "Repeat penalty", 1.0, 2.0, 0.05, off_at=1.0),
+    SliderSpec("repeat_last_n", "Repeat window", 0, 1024, 16),
+    SliderSpec("frequency_penalty", "Frequency penalty", 0.0, 2.0, 0.05, off_at=0.0),
+    SliderSpec("presence_penalty", "Presence penalty", 0.0, 2.0, 0.05, off_at=0.0),
     SliderSpec("draft_tokens", "Draft length", 1, 16, 1),
 )
 SPECULATION_LABELS = {"off": "Off", "prompt-lookup": "Prompt lookup", "draft": "Draft model", "auto": "Auto"}
@@ -46,27 +59,27 @@ def format_value(spec: SliderSpec, value: float) -> str:
 class ParamsPanel(VerticalScroll):
     """Sliders and inputs bound to one live `GenerationParams` object."""
 
-    class Applied(Message):
-        """A parameter changed; `at_token` is the reply's token count then (None between replies)."""
+    class Changed(Message):
+        """The user changed a parameter (the app keeps it for the next start)."""
 
-        def __init__(self, attr: str, value: object, at_token: int | None) -> None:
+        def __init__(self, attr: str, value: object) -> None:
             super().__init__()
             self.attr = attr
             self.value = value
-            self.at_token = at_token
 
     def __init__(self, params: GenerationParams, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.params = params
         # Tokens of the streaming reply (None between replies), so the panel can say where a change lands.
         self.live_tokens: int | None = None
+        self.live_params = True  # False: the backend reads parameters once per reply
         self._pending: tuple[str, object, int] | None = None  # a change made mid-reply, not yet seen applied
         self._ready = False
 
     def compose(self) -> ComposeResult:
-        yield Static("Sampling · live", classes="panel--title")
+        yield Static("Sampling · live", id="panel-title", classes="panel--title")
         for spec in SLIDERS:
-            value = getattr(self.params, spec.attr)
+            value = param(self.params, spec.attr)
             yield Label(self._label_text(spec, value), id=f"label-{spec.attr}", classes="param--label")
             yield Slider(value, minimum=spec.minimum, maximum=spec.maximum, step=spec.step,
                          id=f"slider-{spec.attr}")
@@ -91,6 +104,42 @@ class ParamsPanel(VerticalScroll):
     def _label_text(spec: SliderSpec, value: float) -> str:
         return f"{spec.label}  {format_value(spec, value)}"
 
+    def set_capabilities(self, capabilities: Capabilities) -> None:
+        """Grey out what the backend ignores, with its reason; say when changes wait for the next reply."""
+        for spec in SLIDERS:
+            reason = capabilities.unsupported.get(spec.attr)
+            slider = self.query_one(f"#slider-{spec.attr}", Slider)
+            label = self.query_one(f"#label-{spec.attr}", Label)
+            slider.disabled = reason is not None
+            slider.tooltip = reason
+            label.tooltip = reason
+            text = self._label_text(spec, param(self.params, spec.attr))
+            label.update(f"{spec.label}  n/a: {reason}" if reason else text)
+        for attr, widget_id in (("speculation", "#speculation"), ("seed", "#seed"),
+                                ("max_new_tokens", "#max-tokens")):
+            reason = capabilities.unsupported.get(attr)
+            widget = self.query_one(widget_id)
+            widget.disabled = reason is not None
+            widget.tooltip = reason
+        self.live_params = capabilities.live_params
+        title = "Sampling · live" if self.live_params else "Sampling · from the next reply"
+        self.query_one("#panel-title", Static).update(title)
+        if not self.live_params and capabilities.live_params_note:
+            self.query_one("#panel-title", Static).tooltip = capabilities.live_params_note
+
+    def show_values(self) -> None:
+        """Show the live object's values (after a reset or a conversation's own values were loaded).
+
+        The controls then post Changed with values the object already holds, which `_apply` ignores.
+        """
+        for spec in SLIDERS:
+            value = param(self.params, spec.attr)
+            self.query_one(f"#slider-{spec.attr}", Slider).value = value
+            self.query_one(f"#label-{spec.attr}", Label).update(self._label_text(spec, value))
+        self.query_one("#speculation", Select).value = self.params.speculation
+        self.query_one("#seed", Input).value = "" if self.params.seed is None else str(self.params.seed)
+        self.query_one("#max-tokens", Input).value = str(self.params.max_new_tokens)
+
     def on_slider_changed(self, event: Slider.Changed) -> None:
         event.stop()
         spec = next(s for s in SLIDERS if f"slider-{s.attr}" == event.slider.id)
@@ -112,7 +161,7 @@ class ParamsPanel(VerticalScroll):
 
     def _apply(self, attr: str, value: object) -> None:
         """Write into the live object now; the engine reads it at its next round."""
-        if getattr(self.params, attr) == value:
+        if param(self.params, attr) == value:
             return
         setattr(self.params, attr, value)
         if not self._ready:
@@ -121,10 +170,13 @@ class ParamsPanel(VerticalScroll):
         if at is None:
             self._pending = None
             self._show(f"{attr} = {value} · applies to the next reply")
+        elif not self.live_params:
+            self._pending = None
+            self._show(f"{attr} = {value} · applies from the next reply (this backend reads it once a reply)")
         else:
             self._pending = (attr, value, at)
             self._show(f"{attr} = {value} · next round (after token {at})")
-        self.post_message(self.Applied(attr, value, at))
+        self.post_message(self.Changed(attr, value))
 
     def _show(self, text: str) -> None:
         self.query_one("#applied", Static).update(text)
@@ -144,8 +196,3 @@ class ParamsPanel(VerticalScroll):
             self._show(f"{attr} = {value} · applied after token {at}")
         elif tokens is None:
             self._pending = None
-
-    def sync_from_params(self) -> None:
-        """Show the live object's values (after something other than the panel changed them)."""
-        for spec in SLIDERS:
-            self.query_one(f"#slider-{spec.attr}", Slider).value = getattr(self.params, spec.attr)

@@ -8,6 +8,8 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import TextArea
 
+from parley.app.paste_budget import normalise_newlines
+
 LARGE_PASTE_LINES = 20
 LARGE_PASTE_CHARS = 1000
 
@@ -20,9 +22,9 @@ class PromptInput(TextArea):
     """Multi-line input. Posts `Submitted` on Enter and `LargePaste` instead of inserting a document."""
 
     BINDINGS = [
-        Binding("enter", "submit", "Send", priority=False),
-        Binding("shift+enter,ctrl+j", "newline", "Newline", show=False),
-        Binding("ctrl+s", "summarise", "Summarise"),
+        Binding("enter", "submit", "Send", priority=False, tooltip="Send the message"),
+        Binding("shift+enter,ctrl+j", "newline", "Newline", show=False, tooltip="New line"),
+        Binding("ctrl+s", "summarise", "Summarise", tooltip="Summarise the pasted document"),
     ]
 
     # Set by the app while a pasted document waits to be sent: shows the Summarise key in the footer.
@@ -57,17 +59,27 @@ class PromptInput(TextArea):
             event.stop()
             event.prevent_default()
             self.action_submit()
+        elif event.key in ("shift+enter", "ctrl+j"):
+            # Here rather than only as a binding: a binding's action runs after the keys already queued,
+            # so in a fast burst the newline would land after the words typed behind it.
+            event.stop()
+            event.prevent_default()
+            self.action_newline()
         elif event.key == "up" and not self.text and self.cursor_location == (0, 0):
             event.stop()
             event.prevent_default()
             self.post_message(self.EditLast())
 
     async def _on_paste(self, event: events.Paste) -> None:
-        if is_large_paste(event.text):
-            # Stop TextArea's own handler (later in the MRO) from inserting it.
-            event.stop()
-            event.prevent_default()
-            self.post_message(self.LargePaste(event.text))
+        # Stop TextArea's own handler (later in the MRO): we insert the text with LF line endings.
+        event.stop()
+        event.prevent_default()
+        text = normalise_newlines(event.text)
+        if is_large_paste(text):
+            self.post_message(self.LargePaste(text))
+        elif not self.read_only and (result := self._replace_via_keyboard(text, *self.selection)):
+            self.move_cursor(result.end_location)
+            self.focus()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "summarise":

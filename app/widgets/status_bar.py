@@ -14,12 +14,16 @@ class StatusBar(Widget):
     """Shows the latest `Stats` of the reply and what model is loaded. Owns no engine state."""
 
     stats: reactive[Stats | None] = reactive(None)
-    model: reactive[str] = reactive("loading…")
+    model: reactive[str] = reactive("loading the model…")
     quantization: reactive[str] = reactive("")
     context_window: reactive[int] = reactive(0)
+    # Tokens in the context: the engine's cached tokens after the last reply (or counted after a resume).
+    context_used: reactive[int] = reactive(0)
     generating: reactive[bool] = reactive(False)
     # While a reply streams and before its Stats arrive: (tokens, tokens/s, ttft) measured by the UI.
     live: reactive[tuple[int, float, float | None] | None] = reactive(None)
+    # Work going on behind the chat, e.g. "AWQ INT4 in the background: layer 12/30".
+    background: reactive[str] = reactive("")
 
     def figures(self) -> list[str]:
         s = self.stats
@@ -35,11 +39,15 @@ class StatusBar(Widget):
         elif s is not None:
             parts.append(f"{s.tokens_per_s:.1f} tok/s")
             parts.append(f"ttft {s.ttft_s:.2f}s")
-            if s.proposed:
-                parts.append(f"acc {s.acceptance_rate:.0%} {s.tokens_per_target_pass:.1f}/pass")
-        window = (s.context_window if s and s.context_window else 0) or self.context_window
+        # The context before the speculation figures: it matters more when the terminal is narrow.
+        window = self.context_window or (s.context_window if s and s.context_window else 0)
         if window:
-            parts.append(f"ctx {s.context_tokens if s else 0:,}/{window:,}")
+            parts.append(f"ctx {min(self.context_used, window):,}/{window:,}")
+        if s is not None and s.proposed:
+            drafter = f" {s.drafter}" if s.drafter else ""
+            parts.append(f"acc{drafter} {s.acceptance_rate:.0%} {s.tokens_per_target_pass:.1f}/pass")
+        if self.background:
+            parts.append(self.background)
         return parts
 
     def render(self) -> Text:

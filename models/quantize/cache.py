@@ -193,6 +193,8 @@ def ensure_quantized(files: ModelFiles, *, group_size: int = 128, calib: str | l
             progress(Progress("quantize", 0, 0, "layer", f"cached model unusable ({why}); rebuilding"))
     folder.parent.mkdir(parents=True, exist_ok=True)
     clean_stale(folder.parent)
+    if progress:  # said before the slow part, so a caller can carry on with something else meanwhile
+        progress(Progress("quantize", 0, 0, "layer", "starting AWQ quantization"))
     build(files, key, folder, calib, progress, device)
     return result
 

@@ -1,0 +1,140 @@
+"""The reply lifecycle: start a reply on a worker thread, drain its events into the view, finish it.
+
+The engine thread only pushes into a `ReplyBuffer` (streaming.py); the UI drains it on a timer, so the
+engine never waits for the UI and the UI never waits for the model. Stopping is immediate: the reply
+keeps what was shown and the engine stops at its next round.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from parley.app.streaming import ActiveReply
+from parley.app.widgets.message import ChatMessage
+from parley.engine.events import Done
+from parley.engine.params import GenerationParams
+from parley.engine.protocol import SessionLike
+
+if TYPE_CHECKING:
+    from parley.app.chat_app import ParleyApp
+
+INTERRUPTED_MARK = "\n\n*[reply interrupted]*"
+
+
+class ReplyController:
+    """Owns the reply in flight, if any; the app asks it to start, stop or wind down for quitting."""
+
+    def __init__(self, app: ParleyApp, batch_interval: float) -> None:
+        self.app = app
+        self.batch_interval = batch_interval
+        self.active: ActiveReply | None = None
+        self._engine_lock = threading.Lock()  # one reply at a time, even while a cancelled one winds down
+        self._timer = None
+
+    def mount(self) -> None:
+        self._timer = self.app.set_interval(self.batch_interval, self.drain, pause=True)
+
+    async def start(self, session: SessionLike, messages: list[dict[str, str]], params: GenerationParams) -> None:
+        app = self.app
+        app.chat.anchor()
+        view = ChatMessage("assistant")
+        await app.chat.mount(view)
+        view.start_stream()
+        reply = ActiveReply(view)
+        self.active = reply
+        app.generating = True
+        app.panel.reply_progress(0)
+        self._timer.resume()
+        app.run_worker(lambda: self._run(session, messages, params, reply), thread=True, group="reply",
+                       exit_on_error=False)
+
+    def _run(self, session: SessionLike, messages: list[dict[str, str]], params: GenerationParams,
+             reply: ActiveReply) -> None:
+        with self._engine_lock:
+            try:
+                for event in session.reply(messages, params, reply.cancel):
+                    reply.buffer.push(event)
+                    if isinstance(event, Done):
+                        return
+                reply.buffer.push(Done("eos"))
+            except Exception as error:  # reported in the UI; the reply keeps what was shown
+                reply.buffer.push(Done("error", f"{type(error).__name__}: {error}"))
+
+    async def drain(self) -> None:
+        app, reply = self.app, self.active
+        if reply is None:
+            self._timer.pause()
+            return
+        batch = reply.buffer.drain()
+        if batch.text:
+            await reply.view.append(batch.text, batch.drafted)
+        if reply is not self.active:  # stopped while we were writing
+            return
+        for text in batch.notices:
+            app.notify(text, severity="warning", markup=False)
+        if batch.stats is not None:
+            reply.has_stats = True
+            app.status.live = None
+            app.status.stats = batch.stats
+            if batch.stats.context_tokens:
+                app.status.context_used = batch.stats.context_tokens
+        elif not reply.has_stats:
+            app.status.live = reply.buffer.live_figures()
+        app.panel.reply_progress(reply.buffer.tokens)
+        if batch.done is not None:
+            await self.finish(reply, batch.done)
+
+    async def finish(self, reply: ActiveReply, done: Done, *, interrupted: bool = False) -> None:
+        if reply.finished:
+            return
+        app = self.app
+        reply.finished = True
+        self.active = None
+        self._timer.pause()
+        app.generating = False
+        app.status.live = None
+        app.panel.reply_progress(None)
+        if interrupted and reply.view.content:
+            await reply.view.append(INTERRUPTED_MARK)
+        await reply.view.finish()
+        if reply.view.content:
+            assert app.conversation is not None
+            reply.view.db_id = app.store.add_message(app.conversation.id, "assistant", reply.view.content)
+        else:
+            await reply.view.remove()
+            if done.reason == "cancelled" and not interrupted:
+                # The question stays: the user can regenerate, edit it, or ask something else.
+                app.notify("Reply stopped before its first token: Ctrl+R asks again, Ctrl+G edits the question")
+        if done.reason == "error":
+            app.notify(f"Generation failed: {done.detail}", severity="error", timeout=10, markup=False)
+        elif done.reason == "length":
+            if "context" in done.detail:
+                app.notify(f"Stopped: {done.detail}", severity="warning", markup=False)
+            else:
+                app.notify("Stopped at the max tokens limit (F2 to raise it)")
+        app.reply_finished()
+
+    async def stop(self) -> None:
+        """Stop now: the reply keeps exactly what is on screen; the engine stops at its next round."""
+        reply = self.active
+        if reply is None:
+            return
+        reply.cancel.set()
+        await self.finish(reply, Done("cancelled"))
+
+    async def interrupt(self) -> None:
+        """Quitting mid-reply: drain what already arrived, save it marked as interrupted, stop the engine."""
+        reply = self.active
+        if reply is None:
+            return
+        reply.cancel.set()
+        batch = reply.buffer.drain()
+        if batch.text:
+            await reply.view.append(batch.text, batch.drafted)
+        await self.finish(reply, Done("cancelled"), interrupted=True)
+
+    def cancel_now(self) -> None:
+        """The app is going away: let the engine thread stop at its next round instead of running on."""
+        if self.active is not None:
+            self.active.cancel.set()
