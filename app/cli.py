@@ -30,8 +30,18 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default=None, help="a draft model (same tokenizer) for speculative decoding")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--compile", action="store_true", default=None,
-                   help="torch.compile the decode step: ~1.2x faster INT4 decode on CPU after a ~1 min compile "
-                        "(also PARLEY_COMPILE=1)")
+                   help="torch.compile the PyTorch decode step (CUDA, or CPU without the native step; "
+                        "also PARLEY_COMPILE=1)")
+    p.add_argument("--kv-cache", choices=("auto", "fp", "bf16", "int8", "k8v4"), default=None,
+                   help="KV cache storage (also PARLEY_KV_CACHE); auto: int8 on CPU, the model's dtype on CUDA")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (also PARLEY_THREADS); default: all cores, fewer while the machine is busy")
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    """The Engine.load keywords the model flags set."""
+    kv = getattr(args, "kv_cache", None)
+    return {"kv_cache": None if kv in (None, "auto") else kv, "threads": getattr(args, "threads", None)}
 
 
 # Sampling flags: (name, type, default, help). Defaults are applied by `params_from_args`, so the chat
@@ -122,7 +132,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         engine = connect_remote(args)
     else:
         engine = Engine.load(args.model, quant=args.quant, draft=args.draft, device=args.device,
-                             progress=print_progress, compile=args.compile)
+                             progress=print_progress, compile=args.compile, **engine_options(args))
     messages = [{"role": "user", "content": prompt}]
     session = engine.session(system_prompt=args.system)
     stats, done, produced, last = None, None, False, ""

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if args.queue_size < 0:
         raise ValueError(f"--queue-size {args.queue_size}: expected 0 or a positive integer")
     engine = Engine.load(args.model, quant=args.quant, draft=args.draft, device=args.device,
-                         progress=cli.print_progress, compile=args.compile)
+                         progress=cli.print_progress, compile=args.compile, **cli.engine_options(args))
     try:
         server = make_server(engine, args.host, args.port, api_key=args.api_key, queue_size=args.queue_size)
     except OSError as e:

@@ -35,7 +35,7 @@ def build_app(args: argparse.Namespace):
             return cli.connect_remote(args, progress)
         kwargs = {"device": device} if device else {}
         return Engine.load(model, quant=quant, draft=args.draft, progress=progress,
-                           compile=getattr(args, "compile", None), **kwargs)
+                           compile=getattr(args, "compile", None), **cli.engine_options(args), **kwargs)
 
     loader = QuantizeInBackground(load, "none" if args.server else args.quant)
     return ParleyApp(loader.load, upgrade_engine=loader.upgrade, model_ref=model, params=params,
