@@ -152,6 +152,7 @@ class RemoteEngine:
         if "speculation" not in server.extra:
             reason = f"speculative decoding is {server.name}'s own setting (set when the server starts)"
             unsupported |= {f: reason for f in SPECULATION}
+        unsupported["kv_cache"] = f"the KV cache is {server.name}'s own setting (set when the server starts)"
         live = server.continue_final or (server.raw_completions and self.tokenizer is not None)
         note = "" if live else (f"{server.name} cannot continue a reply with new settings"
                                 + ("" if not server.raw_completions else " without the model's tokenizer (--tokenizer)")

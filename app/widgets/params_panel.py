@@ -15,7 +15,7 @@ from textual.message import Message
 from textual.widgets import Input, Label, Select, Static
 
 from parley.app.widgets.slider import Slider
-from parley.engine.params import SPECULATION_MODES, GenerationParams
+from parley.engine.params import KV_CACHE_CHOICES, SPECULATION_MODES, GenerationParams
 from parley.engine.protocol import Capabilities
 
 # Repetition control (llama.cpp / OpenAI semantics); read with these defaults until every engine has them.
@@ -86,6 +86,9 @@ class ParamsPanel(VerticalScroll):
         yield Label("Speculation", classes="param--label")
         yield Select([(SPECULATION_LABELS[m], m) for m in SPECULATION_MODES], value=self.params.speculation,
                      allow_blank=False, id="speculation", compact=True)
+        yield Label("KV cache (next reply)", classes="param--label")
+        yield Select([(k, k) for k in KV_CACHE_CHOICES], value=self.params.kv_cache, allow_blank=False,
+                     id="kv-cache", compact=True)
         yield Label("Seed", classes="param--label")
         yield Input("" if self.params.seed is None else str(self.params.seed), placeholder="random",
                     type="integer", id="seed", compact=True)
@@ -115,7 +118,7 @@ class ParamsPanel(VerticalScroll):
             label.tooltip = reason
             text = self._label_text(spec, param(self.params, spec.attr))
             label.update(f"{spec.label}  n/a: {reason}" if reason else text)
-        for attr, widget_id in (("speculation", "#speculation"), ("seed", "#seed"),
+        for attr, widget_id in (("speculation", "#speculation"), ("kv_cache", "#kv-cache"), ("seed", "#seed"),
                                 ("max_new_tokens", "#max-tokens")):
             reason = capabilities.unsupported.get(attr)
             widget = self.query_one(widget_id)
@@ -137,6 +140,7 @@ class ParamsPanel(VerticalScroll):
             self.query_one(f"#slider-{spec.attr}", Slider).value = value
             self.query_one(f"#label-{spec.attr}", Label).update(self._label_text(spec, value))
         self.query_one("#speculation", Select).value = self.params.speculation
+        self.query_one("#kv-cache", Select).value = self.params.kv_cache
         self.query_one("#seed", Input).value = "" if self.params.seed is None else str(self.params.seed)
         self.query_one("#max-tokens", Input).value = str(self.params.max_new_tokens)
 
@@ -148,7 +152,10 @@ class ParamsPanel(VerticalScroll):
 
     def on_select_changed(self, event: Select.Changed) -> None:
         event.stop()
-        if event.value in SPECULATION_MODES:
+        if event.select.id == "kv-cache":
+            if event.value in KV_CACHE_CHOICES:
+                self._apply("kv_cache", event.value)
+        elif event.value in SPECULATION_MODES:
             self._apply("speculation", event.value)
 
     def on_input_changed(self, event: Input.Changed) -> None:
