@@ -213,13 +213,13 @@ static inline void q4_tile(const Lin* L, int n0, const Act* a, int m0, float* y,
                 __m512 d = _mm512_loadu_ps(a->d + ((size_t)m * nc + ci) * 16);
                 for (int c = 0; c < C; c++) {
                     __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[c], x);
-                    gacc[r][c] = _mm512_add_ps(gacc[r][c], _mm512_mul_ps(_mm512_cvtepi32_ps(p), d));
+                    gacc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, gacc[r][c]);
                 }
             }
         }
         for (int c = 0; c < C; c++) {
             __m512 s = _mm512_set1_ps(L->s[(size_t)(n0 + c) * ng + g]);
-            for (int r = 0; r < R; r++) acc[r][c] = _mm512_add_ps(acc[r][c], _mm512_mul_ps(gacc[r][c], s));
+            for (int r = 0; r < R; r++) acc[r][c] = _mm512_fmadd_ps(gacc[r][c], s, acc[r][c]);
         }
     }
     for (int r = 0; r < R; r++) {
@@ -252,7 +252,7 @@ static inline void q8_tile(const Lin* L, int n0, const Act* a, const int32_t* xs
             __m512 d = _mm512_loadu_ps(a->d + ((size_t)m * nc + ci) * 16);
             for (int c = 0; c < C; c++) {
                 __m512i p = _mm512_dpbusd_epi32(corr, w[c], x);
-                acc[r][c] = _mm512_add_ps(acc[r][c], _mm512_mul_ps(_mm512_cvtepi32_ps(p), d));
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, acc[r][c]);
             }
         }
     }
@@ -275,7 +275,7 @@ static inline void f32_tile(const Lin* L, int n0, const float* x, int m0, float*
         for (int c = 0; c < C; c++) w[c] = _mm512_loadu_ps(L->w + (size_t)(n0 + c) * K + k);
         for (int r = 0; r < R; r++) {
             __m512 xv = _mm512_loadu_ps(x + (size_t)(m0 + r) * K + k);
-            for (int c = 0; c < C; c++) acc[r][c] = _mm512_add_ps(acc[r][c], _mm512_mul_ps(w[c], xv));
+            for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(w[c], xv, acc[r][c]);
         }
     }
     for (int r = 0; r < R; r++)
@@ -542,7 +542,7 @@ static void attend(const Cache* c, const KV* kv, int h, int pos, int D, int nq, 
                 for (int i = 0; i < nq; i++) acc[i] = _mm512_setzero_ps();
                 for (int t = 0; t < nd; t++) {
                     __m512 kx = load16(c, kv->k, base + j0 + jj, D, t * 16);
-                    for (int i = 0; i < nq; i++) acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(qv[i][t], kx));
+                    for (int i = 0; i < nq; i++) acc[i] = _mm512_fmadd_ps(qv[i][t], kx, acc[i]);
                 }
                 for (int i = 0; i < nq; i++) part[i][jj] = acc[i];
             }
@@ -594,7 +594,7 @@ static void attend(const Cache* c, const KV* kv, int h, int pos, int D, int nq, 
                     __m512 vx = _mm512_cvtepi32_ps(b);
                     for (int i = 0; i < nq; i++) {
                         const float p = scores[(size_t)i * c->max_len + j];
-                        o[i][t] = _mm512_add_ps(o[i][t], _mm512_mul_ps(_mm512_set1_ps(p * vs[g]), vx));
+                        o[i][t] = _mm512_fmadd_ps(_mm512_set1_ps(p * vs[g]), vx, o[i][t]);
                     }
                 }
                 for (int i = 0; i < nq; i++)
@@ -611,7 +611,7 @@ static void attend(const Cache* c, const KV* kv, int h, int pos, int D, int nq, 
                 for (int i = 0; i < nq; i++) pw[i] = _mm512_set1_ps(scores[(size_t)i * c->max_len + j] * vsc);
                 for (int t = 0; t < nd; t++) {
                     __m512 vx = load16(c, kv->v, row, D, t * 16);
-                    for (int i = 0; i < nq; i++) o[i][t] = _mm512_add_ps(o[i][t], _mm512_mul_ps(pw[i], vx));
+                    for (int i = 0; i < nq; i++) o[i][t] = _mm512_fmadd_ps(pw[i], vx, o[i][t]);
                 }
             }
         }
