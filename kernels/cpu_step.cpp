@@ -701,6 +701,7 @@ extern "C" int parley_has_vnni(void) { return PARLEY_VNNI; }
 // One product y [M][N] = x [M][K] W^T, for tests against an independent reference.
 extern "C" int parley_linear(const Lin* L, int M, const float* x, float* y) {
     if (L->K % 64) return -1;
+    if (g_threads > 0) omp_set_num_threads(g_threads);
     Act a;
     a.q = (int8_t*)scratch((size_t)M * L->K);
     a.d = (float*)scratch((size_t)M * (L->K / 64) * 16 * 4);
