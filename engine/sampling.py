@@ -9,7 +9,8 @@ from torch import Tensor
 from .params import GenerationParams
 
 
-def probs(logits: Tensor, params: GenerationParams) -> Tensor:
+def probs(logits: Tensor, params: GenerationParams, history: list[int] | None = None,
+          drafted: list[int] | None = None) -> Tensor:
     """logits [..., V] -> fp32 probabilities after temperature, top-k, top-p and min-p.
 
     Temperature 0 returns the one-hot of the argmax: greedy decoding is then the same code path as

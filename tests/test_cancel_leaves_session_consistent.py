@@ -21,7 +21,7 @@ def test_cancel_then_continue_equals_fresh_session():
     assert 5 <= len(shown) < 40
     # the cache holds the prompt and exactly the shown tokens (the last one's KV is computed next pass)
     prompt = eng.tokenizer.encode_chat(q1)
-    assert eng.cached_ids == prompt + eng.tokenizer.encode(shown)[:-1]
+    assert eng.target.ids == prompt + eng.tokenizer.encode(shown)[:-1]
 
     visible = [*q1, {"role": "assistant", "content": shown}, {"role": "user", "content": "go on"}]
     assert run(eng, visible, params) == run(tiny_engine(seed=3), visible, params)
