@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from . import sampling
-from .events import Done, Event, Notice, TextDelta
+from .events import Done, Event, Notice, Stats, TextDelta
 from .params import GenerationParams
 from .reply_stats import ReplyStats
 from .speculative import AdaptiveDraftLength, verify
@@ -67,42 +67,30 @@ class Session:
         pending, generator, stream = ids[-1], sampling.make_generator(params.seed), eng.tokenizer.stream()
         adapt, rejected = AdaptiveDraftLength(params.draft_tokens), None
         self.reply_ids = []
-        reason, detail = "length", ""
         while True:
-            if cancel.is_set():
-                reason = "cancelled"
-                break
             params, problem = checked(live, params)
             if problem and problem != rejected:
                 yield Notice(problem)
-            rejected = problem
-            budget = params.max_new_tokens - figures.new_tokens
-            room = target.max_len - len(target.ids) - 1  # slots left after the pending token
-            if budget <= 0:
-                detail = f"max_new_tokens={params.max_new_tokens} reached"
+            rejected, budget = problem, params.max_new_tokens - figures.new_tokens
+            if end := self._end(cancel, params, budget):
+                reason, detail = end
                 break
-            if room < 0:
-                detail = f"context window of {target.max_len} tokens is full"
-                break
+            # propose: a drafter guesses up to k tokens (k adapts; never past the budget or the window)
             context, drafter = [*target.ids, pending], eng.drafter(params.speculation)
             adapt.k_max = params.draft_tokens
-            k = min(adapt.k, room, budget - 1) if drafter else 0
+            k = min(adapt.k, target.max_len - len(context), budget - 1) if drafter else 0
             draft, q = drafter.propose(context, k, params, generator) if k > 0 else ([], None)
+            # forward + verify: one target pass scores every guess and decides one token past them
             logits = target.forward([pending, *draft])
             new = verify(sampling.probs(logits, params, history=context, drafted=draft), draft, q, generator)
             adapt.update(len(draft), len(new) - 1)
+            # commit what is shown: up to a stop token (whose KV is never claimed) and the budget
             shown, stopped = cut(new, eng.tokenizer.stop_ids, budget)
-            target.commit(1 + len(shown) if stopped else len(shown))  # a stop token's KV is never claimed
-            drafted = min(len(shown), len(new) - 1)  # shown tokens that were accepted guesses
+            target.commit(1 + len(shown) if stopped else len(shown))
             figures.drafter = drafter.name if drafter else ""
-            figures.round(len(draft), len(shown), drafted)
-            self.reply_ids += shown
-            guessed = "".join(stream.push(t) for t in shown[:drafted])
-            text = guessed + "".join(stream.push(t) for t in shown[drafted:])
-            if text:
-                yield TextDelta(text, draft_chars=len(guessed))
+            yield from self._show(shown, min(len(shown), len(new) - 1), len(draft), stream, figures)
             if stopped:
-                reason = "eos"
+                reason, detail = "eos", ""
                 break
             pending = shown[-1]
             if figures.due():
@@ -113,7 +101,26 @@ class Session:
         yield self._stats(figures, pending=reason != "eos")  # the final figures: the last Stats of a reply
         yield Done(reason, detail)  # type: ignore[arg-type]
 
-    def _stats(self, figures: ReplyStats, pending: bool):
+    def _end(self, cancel: threading.Event, params: GenerationParams, budget: int) -> tuple[str, str] | None:
+        """Why the reply ends before this round, if it does."""
+        if cancel.is_set():
+            return "cancelled", ""
+        if budget <= 0:
+            return "length", f"max_new_tokens={params.max_new_tokens} reached"
+        if len(self.engine.target.ids) + 1 > self.engine.target.max_len:  # no slot for the pending token
+            return "length", f"context window of {self.engine.target.max_len} tokens is full"
+        return None
+
+    def _show(self, shown: list[int], drafted: int, proposed: int, stream, figures: ReplyStats) -> Iterator[Event]:
+        """Count a round and stream its shown tokens; the first `drafted` of them were accepted guesses."""
+        figures.round(proposed, len(shown), drafted)
+        self.reply_ids += shown
+        guessed = "".join(stream.push(t) for t in shown[:drafted])
+        text = guessed + "".join(stream.push(t) for t in shown[drafted:])
+        if text:
+            yield TextDelta(text, draft_chars=len(guessed))
+
+    def _stats(self, figures: ReplyStats, pending: bool) -> Stats:
         figures.context_tokens = len(self.engine.target.ids) + pending
         return figures.stats()
 
