@@ -25,8 +25,8 @@ def document_ids() -> list[int]:
 def logits_at(cached, ids: list[int], p: int, start: int, length: int, history: str, rng) -> torch.Tensor:
     """Logits of position p from a pass over [start, start + length) (which contains p), after the
     positions before `start` were cached by `history`: 'prefill' (chunks), 'decode' (the last 24 in
-    1-token passes) or 'verify' (the last 24 in passes of 2..17 tokens, partly committed)."""
-    cached.rollback(0)
+    1-token passes) or 'verify' (the last 24 in passes of 2..17 tokens, partly committed). The cache
+    already holds a prefix of `ids` from prefill chunks: `sync` only rolls back to what it needs."""
     tail = 24 if history != "prefill" else 0
     cached.sync(ids[: max(0, start - tail)])
     while len(cached.ids) < start:
@@ -44,7 +44,7 @@ def test_logits_of_a_position_do_not_depend_on_the_pass(quant):
     cached = fresh(quant).target
     failures = []
     for p in LENGTHS:
-        cached.rollback(0)
+        cached.rollback(0)  # a clean start: every earlier position's KV from prefill chunks
         cached.sync(ids[:p])
         want = cached.forward(ids[p : p + 1])[0]  # the reference: a 1-token pass after a prefill
         ways = [(f"verify pass of {n} at offset {o}", p - o, n, "prefill")
@@ -59,7 +59,6 @@ def test_logits_of_a_position_do_not_depend_on_the_pass(quant):
                 failures.append(f"position {p}, {name}: max |diff| {float((got - want).abs().max()):.3g}, "
                                 f"argmax {int(got.argmax())} vs {int(want.argmax())}")
         # the prefill path itself: last_only logits of a chunk ending at p
-        cached.rollback(0)
         cached.sync(ids[: max(0, p - 100)])
         got = cached.forward(ids[max(0, p - 100) : p + 1], last_only=True)[-1]
         if not torch.equal(got, want):
