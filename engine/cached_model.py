@@ -26,14 +26,15 @@ def attention_window(end: int, max_len: int) -> int:
 class CachedModel:
     """Owns a model's KV cache; `ids` are exactly the tokens whose keys/values it holds, in order."""
 
-    def __init__(self, model: Transformer, max_len: int, *, compile: bool = False) -> None:
+    def __init__(self, model: Transformer, max_len: int, *, compile: bool = False, kv_cache: str = "fp") -> None:
         self.model = model.eval()
         # The decode/verify step (a few tokens) is where per-op Python overhead shows: compile it once,
         # with dynamic shapes so any draft length and window reuse the same graph. Prefill stays eager:
         # it is compute-bound and runs once per turn.
-        self.step = torch.compile(model, dynamic=True, fullgraph=True) if compile else model
+        # (The native CPU step is one call already: nothing to compile.)
+        self.step = torch.compile(model, dynamic=True, fullgraph=True) if compile and model.native is None else model
         self.device = model.norm.weight.device
-        self.cache = model.new_cache(max_len)
+        self.cache = model.new_cache(max_len, kind=kv_cache)
         self.ids: list[int] = []
         self._fed: list[int] = []  # the last forward's tokens, whose KV sits uncommitted after `ids`
 

@@ -16,6 +16,18 @@ from .session import Session
 from .speculative import Drafter, PromptLookup
 
 
+def resolve_kv_cache(kind: str | None, device: torch.device, model: Transformer) -> str:
+    """The KV cache storage: the flag, else PARLEY_KV_CACHE, else the measured default for the device.
+
+    CPU (native step): int8 — see the README's KV cache table for the measurement behind it.
+    CUDA: bf16, the model's own dtype there.
+    """
+    kind = kind or os.environ.get("PARLEY_KV_CACHE") or "auto"
+    if kind == "auto":
+        kind = "int8" if model.native is not None else "fp"
+    return kind
+
+
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -25,20 +37,23 @@ class Engine:
     the prompt shares) and the drafters, and runs one reply at a time."""
 
     def __init__(self, model: Transformer, tokenizer, *, name: str = "model", quantization: str = "none",
-                 context_window: int | None = None, draft: Drafter | None = None, compile: bool = False) -> None:
+                 context_window: int | None = None, draft: Drafter | None = None, compile: bool = False,
+                 kv_cache: str = "fp") -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_name = name
         self.quantization = quantization
         self.context_window = min(context_window or 8192, model.config.max_seq_len)
-        self.target = CachedModel(model, self.context_window, compile=compile)
+        self.kv_cache = kv_cache
+        self.target = CachedModel(model, self.context_window, compile=compile, kv_cache=kv_cache)
         self.prompt_lookup = PromptLookup()
         self.draft = draft
 
     @classmethod
     def load(cls, model_ref: str | None = None, *, quant: str = "awq", draft: str | None = None,
              progress: ProgressFn | None = None, device: str | None = None,
-             context_window: int | None = None, group_size: int = 128, compile: bool | None = None) -> Engine:
+             context_window: int | None = None, group_size: int = 128, compile: bool | None = None,
+             kv_cache: str | None = None, threads: int | None = None) -> Engine:
         """Resolve, (quantize on first use,) and load a model; `draft` is a second model ref."""
         from ..models.loading import load_model
         from ..models.resolve import resolve
@@ -60,7 +75,17 @@ class Engine:
         model = load_model(files, dtype=dtype, device=dev)
         if quantization == "none" and model.config.quantization:
             quantization = f"{model.config.quantization.get('quant_method', 'quantized')}-int4"
-        if quantization != "none":
+        from .threads import configure_threads
+
+        configure_threads(threads)
+        if dev.type == "cpu":
+            from ..models.native_step import attach
+
+            # The native step: one call per pass, integer dot products, batch invariant (why: its docstring).
+            attach(model, head_bits=8 if quantization != "none" else 32)
+        if model.native is not None:
+            pass
+        elif quantization != "none":
             from ..models.quantize.head import FastHead
 
             model.lm_head = FastHead(model.lm_head.weight)
@@ -75,7 +100,8 @@ class Engine:
             drafter = load_draft(draft, model, files, tokenizer, progress=progress, group_size=group_size)
         return cls(model, tokenizer, name=name, quantization=quantization,
                    context_window=context_window or int(os.environ.get("PARLEY_CONTEXT", 0)) or None,
-                   draft=drafter, compile=compile if compile is not None else os.environ.get("PARLEY_COMPILE") == "1")
+                   draft=drafter, compile=compile if compile is not None else os.environ.get("PARLEY_COMPILE") == "1",
+                   kv_cache=resolve_kv_cache(kv_cache, dev, model))
 
     @property
     def capabilities(self) -> Capabilities:

@@ -16,28 +16,86 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 
+KV_CACHE_TYPES = ("fp", "bf16", "int8", "k8v4")
+
+
+def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric int8 per vector (last dim): x ~ q * scale. The native step rounds the same way."""
+    scale = x.float().abs().amax(-1) / 127
+    inv = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+    return torch.round(x.float() * inv[..., None]).clamp(-127, 127).to(torch.int8), scale
+
+
+def quantize_int4_groups(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Asymmetric int4 in groups of 32 along the last dim: x ~ q * scale + min, two values per byte
+    (byte j holds element j low and element j + D/2 high)."""
+    D = x.shape[-1]
+    g = x.float().reshape(*x.shape[:-1], D // 32, 32)
+    lo, hi = g.amin(-1), g.amax(-1)
+    scale = (hi - lo) / 15
+    inv = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+    q = torch.round((g - lo[..., None]) * inv[..., None]).clamp(0, 15).to(torch.uint8).reshape(x.shape)
+    return q[..., : D // 2] | (q[..., D // 2 :] << 4), scale, lo
+
+
+def dequantize_int4_groups(packed: Tensor, scale: Tensor, lo: Tensor) -> Tensor:
+    q = torch.cat((packed & 15, packed >> 4), dim=-1).float()
+    g = q.reshape(*q.shape[:-1], -1, 32)
+    return (g * scale[..., None] + lo[..., None]).reshape(q.shape)
+
 
 class KVCache(nn.Module):
-    """Keys and values of every layer in static buffers, one pair per layer: [batch, kv_heads, max_len, head_dim].
+    """Keys and values of every layer in static buffers, per layer [batch, kv_heads, max_len, head_dim].
 
     Slot i holds position i. Truncating is setting `length`: stale slots beyond it are hidden by the
     causal mask (a query at position p sees slots <= p) and overwritten by the next tokens, so rolling
-    back rejected speculative tokens costs nothing. Separate buffers per layer keep an in-place write
-    a write of that layer only, also under torch.compile.
+    back rejected speculative tokens costs nothing, scales included (they live in the same slots).
+
+    `kind` is the storage: "fp" (the model's dtype), "bf16", "int8" (K and V symmetric int8 with one scale
+    per position and head) or "k8v4" (K int8 as before; V int4 in groups of 32 with a scale and a minimum).
+    Keys feed the softmax, where errors are exponentiated, so they keep 8 bits; values are averaged.
+    A position is written in its stored form before anything attends to it, so every pass (decode,
+    verification, prefill) reads exactly the same quantized keys and values.
     """
 
     def __init__(self, config: ModelConfig, max_len: int, batch: int = 1,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", kind: str = "fp") -> None:
         super().__init__()
-        shape = (batch, config.n_kv_heads, max_len, config.head_dim)
-        self.n_layers = config.n_layers
+        if kind not in KV_CACHE_TYPES:
+            raise ValueError(f"--kv-cache {kind!r}: expected one of {', '.join(KV_CACHE_TYPES)}")
+        if kind == "k8v4" and config.head_dim % 32:
+            raise ValueError(f"--kv-cache k8v4 needs a head_dim divisible by 32, not {config.head_dim}")
+        B, H, L, D = batch, config.n_kv_heads, max_len, config.head_dim
+        self.kind, self.dtype, self.n_layers, self.max_len = kind, dtype, config.n_layers, max_len
+
+        def buf(name: str, shape: tuple[int, ...], dt: torch.dtype) -> None:
+            self.register_buffer(name, torch.zeros(shape, dtype=dt, device=device), persistent=False)
+
         for i in range(config.n_layers):
-            self.register_buffer(f"k{i}", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-            self.register_buffer(f"v{i}", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.max_len = max_len
+            if kind in ("fp", "bf16"):
+                dt = dtype if kind == "fp" else torch.bfloat16
+                buf(f"k{i}", (B, H, L, D), dt)
+                buf(f"v{i}", (B, H, L, D), dt)
+                continue
+            buf(f"k{i}", (B, H, L, D), torch.int8)
+            buf(f"ks{i}", (B, H, L), torch.float32)
+            if kind == "int8":
+                buf(f"v{i}", (B, H, L, D), torch.int8)
+                buf(f"vs{i}", (B, H, L), torch.float32)
+            else:
+                buf(f"v{i}", (B, H, L, D // 2), torch.uint8)
+                buf(f"vs{i}", (B, H, L, D // 32), torch.float32)
+                buf(f"vm{i}", (B, H, L, D // 32), torch.float32)
         self.length = 0  # leading slots holding valid positions; kept by the caller, which knows them
         # How many slots attention reads; set by the caller per forward so shapes stay few (bucketed).
         self.window = max_len
+        self.native = None  # the native step's view of these buffers, built on first use
+
+    def bytes_per_position(self) -> int:
+        """Bytes one position occupies in all layers (what attention reads per cached token)."""
+        total = sum(getattr(self, f"{n}{0}").element_size() * getattr(self, f"{n}{0}")[0, :, 0].numel()
+                    for n in ("k", "v", "ks", "vs", "vm") if hasattr(self, f"{n}0"))
+        return total * self.n_layers
 
     def truncate(self, length: int) -> None:
         if not 0 <= length <= self.max_len:
@@ -45,20 +103,47 @@ class KVCache(nn.Module):
         self.length = length
 
     def update(self, layer: int, pos: Tensor, k: Tensor, v: Tensor, window: int) -> tuple[Tensor, Tensor]:
-        """Write k/v [B, H, T, D] at slots `pos` [T]; return this layer's first `window` slots."""
-        k_cache, v_cache = getattr(self, f"k{layer}"), getattr(self, f"v{layer}")
-        k_cache.index_copy_(2, pos, k)
-        v_cache.index_copy_(2, pos, v)
-        return k_cache[:, :, :window], v_cache[:, :, :window]
+        """Write k/v [B, H, T, D] at slots `pos` [T]; return this layer's first `window` slots as k's dtype
+        (the PyTorch path dequantizes; the native step reads the stored form directly)."""
+        kc, vc = getattr(self, f"k{layer}"), getattr(self, f"v{layer}")
+        if self.kind in ("fp", "bf16"):
+            kc.index_copy_(2, pos, k.to(kc.dtype))
+            vc.index_copy_(2, pos, v.to(vc.dtype))
+            return kc[:, :, :window].to(k.dtype), vc[:, :, :window].to(v.dtype)
+        kq, ks = quantize_int8(k)
+        kc.index_copy_(2, pos, kq)
+        getattr(self, f"ks{layer}").index_copy_(2, pos, ks)
+        k_out = kc[:, :, :window].float() * getattr(self, f"ks{layer}")[:, :, :window, None]
+        if self.kind == "int8":
+            vq, vs = quantize_int8(v)
+            vc.index_copy_(2, pos, vq)
+            getattr(self, f"vs{layer}").index_copy_(2, pos, vs)
+            v_out = vc[:, :, :window].float() * getattr(self, f"vs{layer}")[:, :, :window, None]
+        else:
+            vq, vs, vm = quantize_int4_groups(v)
+            vc.index_copy_(2, pos, vq)
+            getattr(self, f"vs{layer}").index_copy_(2, pos, vs)
+            getattr(self, f"vm{layer}").index_copy_(2, pos, vm)
+            v_out = dequantize_int4_groups(vc[:, :, :window], getattr(self, f"vs{layer}")[:, :, :window],
+                                           getattr(self, f"vm{layer}")[:, :, :window])
+        return k_out.to(k.dtype), v_out.to(v.dtype)
 
     @property
     def k(self) -> Tensor:
-        """All layers' keys stacked [layers, B, H, max_len, D] (a copy, for inspection and tests)."""
-        return torch.stack([getattr(self, f"k{i}") for i in range(self.n_layers)])
+        """All layers' keys stacked [layers, B, H, max_len, D], dequantized (a copy, for inspection and tests)."""
+        return torch.stack([self._read(i, "k") for i in range(self.n_layers)])
 
     @property
     def v(self) -> Tensor:
-        return torch.stack([getattr(self, f"v{i}") for i in range(self.n_layers)])
+        return torch.stack([self._read(i, "v") for i in range(self.n_layers)])
+
+    def _read(self, layer: int, which: str) -> Tensor:
+        t = getattr(self, f"{which}{layer}")
+        if self.kind in ("fp", "bf16"):
+            return t.float()
+        if which == "k" or self.kind == "int8":
+            return t.float() * getattr(self, f"{which}s{layer}")[..., None]
+        return dequantize_int4_groups(t, getattr(self, f"vs{layer}"), getattr(self, f"vm{layer}"))
 
 
 class RMSNorm(nn.Module):
@@ -166,11 +251,13 @@ class Transformer(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", rope_frequencies(config), persistent=False)
+        # A CPU engine may attach the native step (models/native_step.py): the same function, one call.
+        self.native = None
 
-    def new_cache(self, max_len: int | None = None, batch: int = 1) -> KVCache:
-        """A cache on the model's device, in its activation dtype, for up to `max_len` positions."""
+    def new_cache(self, max_len: int | None = None, batch: int = 1, kind: str = "fp") -> KVCache:
+        """A cache on the model's device for up to `max_len` positions, stored as `kind` (KV_CACHE_TYPES)."""
         w = self.norm.weight
-        return KVCache(self.config, max_len or self.config.max_seq_len, batch, w.dtype, w.device)
+        return KVCache(self.config, max_len or self.config.max_seq_len, batch, w.dtype, w.device, kind)
 
     def forward(self, tokens: Tensor, positions: Tensor, cache: KVCache, last_only: bool = False,
                 window: int | None = None) -> Tensor:
@@ -183,6 +270,8 @@ class Transformer(nn.Module):
         >= 1 + the largest position. A small window, rounded up to a bucket, reads fewer slots without a
         host sync inside the step; passed as an argument it stays symbolic under torch.compile.
         """
+        if self.native is not None:
+            return self.native(tokens, positions, cache, last_only)
         x = self.embed_tokens(tokens)
         angles = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
         angles = torch.cat((angles, angles), dim=-1)[:, None]  # [B, 1, T, D]

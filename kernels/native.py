@@ -1,0 +1,187 @@
+"""The native CPU step (`cpu_step.cpp`): built once per machine with the system C++ compiler, loaded with ctypes.
+
+Why ctypes and not a torch extension: the library includes no torch headers, so it compiles in seconds
+(a torch extension takes a minute) and a build at first use or in `scripts/setup.sh` costs nothing noticeable.
+Tensors cross as raw pointers; the caller keeps them alive (see `models/native_step.py`).
+
+The build is keyed by the source, the compiler flags and this CPU's feature flags, written to a temporary
+name and renamed into place, so a half-written library is never loaded. No compiler: `load()` returns None
+and says why once; the engine then runs its PyTorch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .reference import unpack_int4
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_step.cpp")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC",
+         "-std=c++17"]
+W_Q4, W_F32, W_Q8 = 0, 1, 2
+KV_KINDS = {"fp": 0, "bf16": 1, "int8": 2, "k8v4": 3}
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_why_not: str | None = None
+
+
+class Lin(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int32), ("N", ctypes.c_int32), ("K", ctypes.c_int32), ("group", ctypes.c_int32),
+                ("q", ctypes.c_void_p), ("s", ctypes.c_void_p), ("m", ctypes.c_void_p), ("w", ctypes.c_void_p),
+                ("bias", ctypes.c_void_p)]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("q_norm", ctypes.c_void_p),
+                ("k_norm", ctypes.c_void_p), ("qkv", Lin), ("o", Lin), ("gate_up", Lin), ("down", Lin)]
+
+
+class Model(ctypes.Structure):
+    _fields_ = [("dim", ctypes.c_int32), ("n_layers", ctypes.c_int32), ("n_heads", ctypes.c_int32),
+                ("n_kv_heads", ctypes.c_int32), ("head_dim", ctypes.c_int32), ("inter", ctypes.c_int32),
+                ("vocab", ctypes.c_int32), ("eps", ctypes.c_float), ("embed", ctypes.c_void_p),
+                ("final_norm", ctypes.c_void_p), ("rope_cos", ctypes.c_void_p), ("rope_sin", ctypes.c_void_p),
+                ("max_pos", ctypes.c_int32), ("head", Lin), ("layers", ctypes.POINTER(Layer))]
+
+
+class KV(ctypes.Structure):
+    _fields_ = [("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("ks", ctypes.c_void_p), ("vs", ctypes.c_void_p),
+                ("vm", ctypes.c_void_p)]
+
+
+class Cache(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int32), ("max_len", ctypes.c_int32), ("layers", ctypes.POINTER(KV))]
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def cache_dir() -> Path:
+    from platformdirs import user_cache_dir
+
+    return Path(os.environ.get("PARLEY_NATIVE_DIR") or Path(user_cache_dir("parley")) / "native")
+
+
+def library_path() -> Path:
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + _cpu_flags().encode()).hexdigest()[:16]
+    return cache_dir() / f"libparley_step-{key}.so"
+
+
+def build(verbose: bool = False) -> Path:
+    """Compile the library for this machine if it is not built yet; returns its path."""
+    out = library_path()
+    if out.exists():
+        return out
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if not cxx:
+        raise RuntimeError("no C++ compiler found (install g++, e.g. `apt-get install g++`)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
+    os.close(fd)
+    try:
+        r = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"{cxx} failed to build {SOURCE.name}:\n{r.stderr.strip()[-2000:]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    if verbose:
+        print(f"built {out}")
+    return out
+
+
+def load() -> ctypes.CDLL | None:
+    """The library, building it on first use; None (with the reason logged once) where it cannot be had."""
+    global _lib, _why_not
+    with _lock:
+        if _lib is not None or _why_not is not None:
+            return _lib
+        if os.environ.get("PARLEY_NATIVE", "1") == "0":
+            _why_not = "PARLEY_NATIVE=0"
+            return None
+        try:
+            lib = ctypes.CDLL(str(build()))
+        except (RuntimeError, OSError) as e:
+            _why_not = str(e)
+            log.warning("the native CPU step is unavailable, so decoding runs on the slower PyTorch path: %s", e)
+            return None
+        lib.parley_forward.restype = ctypes.c_int
+        lib.parley_forward.argtypes = [ctypes.POINTER(Model), ctypes.POINTER(Cache), ctypes.c_int, ctypes.c_void_p,
+                                       ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+        lib.parley_threads.restype = ctypes.c_int
+        lib.parley_threads.argtypes = [ctypes.c_int]
+        lib.parley_has_vnni.restype = ctypes.c_int
+        lib.parley_linear.restype = ctypes.c_int
+        lib.parley_linear.argtypes = [ctypes.POINTER(Lin), ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        _lib = lib
+        return lib
+
+
+def why_unavailable() -> str | None:
+    load()
+    return _why_not
+
+
+# -- weight packing: tensors in the layouts cpu_step.cpp reads ----------------------------------------------
+
+def pack_q4(q: Tensor, zeros: Tensor, scales: Tensor, group_size: int) -> dict[str, Tensor]:
+    """q [K, N] ints 0..15, zeros/scales [K/group, N] (W = (q - z) * s) -> the 64-chunk nibble layout.
+
+    Byte j of each 64-input chunk holds input j (low nibble) and input j + 32 (high nibble), so one
+    32-byte load unpacks to 64 weights in natural order. Scales and the pre-multiplied minimum -z*s
+    stay per group in fp32.
+    """
+    K, N = q.shape
+    if K % 64 or group_size % 64:
+        raise ValueError(f"the native step needs in_features ({K}) and group size ({group_size}) divisible by 64")
+    qn = q.t().reshape(N, K // 64, 2, 32).to(torch.uint8)
+    packed = (qn[:, :, 0] | (qn[:, :, 1] << 4)).contiguous()
+    s = scales.float().t().contiguous()
+    m = (-zeros.float() * scales.float()).t().contiguous()
+    return {"q": packed, "s": s, "m": m}
+
+
+def awq_to_q4(qweight: Tensor, qzeros: Tensor, scales: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """AWQ GEMM tensors -> q [K, N], zeros [G, N], scales [G, N] in natural column order."""
+    return unpack_int4(qweight), unpack_int4(qzeros), scales
+
+
+def pack_q8_rows(weight: Tensor) -> dict[str, Tensor]:
+    """A dense [N, K] weight as int8 per output row (symmetric), stored +128 as uint8, with fp32 row scales."""
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-30) / 127
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int16) + 128
+    return {"q": q.to(torch.uint8).contiguous(), "s": scale.contiguous()}
+
+
+def lin(kind: int, N: int, K: int, group: int = 0, q: Tensor | None = None, s: Tensor | None = None,
+        m: Tensor | None = None, w: Tensor | None = None, bias: Tensor | None = None) -> Lin:
+    def ptr(t: Tensor | None) -> int | None:
+        if t is None:
+            return None
+        assert t.is_contiguous() and t.device.type == "cpu", "native tensors must be contiguous CPU tensors"
+        return t.data_ptr()
+
+    return Lin(kind, N, K, group, ptr(q), ptr(s), ptr(m), ptr(w), ptr(bias))

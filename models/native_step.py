@@ -1,0 +1,152 @@
+"""The Transformer's forward as one native call on the CPU (kernels/cpu_step.cpp), attached to the model.
+
+`Transformer.forward` stays the definition; this computes the same function with the decoder weights
+repacked for integer dot products (INT4 layers) or read in place (fp32 layers), q/k/v and gate/up fused,
+and attention reading the KV cache in its stored form. Activations entering each INT4 or int8 product
+are quantized to 8 bits per block of 32, as llama.cpp does; `parley bench quality` measures the cost.
+Every position is computed by the same arithmetic whatever the pass length, so logits are batch invariant.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import Tensor, nn
+
+from ..kernels import native
+from .quantize.int4_linear import Int4Linear
+from .transformer import KVCache, Transformer
+
+
+def _q4_parts(m: Int4Linear) -> tuple[Tensor, Tensor, Tensor]:
+    return native.awq_to_q4(m.qweight, m.qzeros, m.scales)
+
+
+def _interleave16(a: Tensor, b: Tensor, dim: int) -> Tensor:
+    """[.., I, ..] twice -> [.., 2I, ..] as a[0:16], b[0:16], a[16:32], ... along `dim` (gate/up pairs)."""
+    a, b = a.movedim(dim, 0), b.movedim(dim, 0)
+    n = a.shape[0]
+    out = torch.stack((a.reshape(n // 16, 16, *a.shape[1:]), b.reshape(n // 16, 16, *b.shape[1:])), dim=1)
+    return out.reshape(2 * n, *a.shape[1:]).movedim(0, dim)
+
+
+class NativeStep:
+    """Holds the packed weights (and keeps every tensor the library points at alive)."""
+
+    def __init__(self, model: Transformer, lib: ctypes.CDLL, head_bits: int = 8) -> None:
+        c = model.config
+        self.lib, self.config = lib, c
+        self.keep: list[Tensor] = []
+        if c.intermediate_size % 16:
+            raise ValueError(f"the native step needs intermediate_size % 16 == 0, not {c.intermediate_size}")
+        layers = (native.Layer * c.n_layers)()
+        for i, block in enumerate(model.layers):
+            at, mlp = block.self_attn, block.mlp
+            L = layers[i]
+            L.attn_norm = self._ptr(block.input_layernorm.weight)
+            L.ffn_norm = self._ptr(block.post_attention_layernorm.weight)
+            L.q_norm = self._ptr(at.q_norm.weight) if hasattr(at, "q_norm") else None
+            L.k_norm = self._ptr(at.k_norm.weight) if hasattr(at, "k_norm") else None
+            L.qkv = self._linear([at.q_proj, at.k_proj, at.v_proj])
+            L.o = self._linear([at.o_proj])
+            L.gate_up = self._linear([mlp.gate_proj, mlp.up_proj], interleave=True)
+            L.down = self._linear([mlp.down_proj])
+        self.layers = layers
+        head_w = model.embed_tokens.weight if c.tie_embeddings else model.lm_head.weight
+        if not isinstance(head_w, Tensor) or head_w.dtype != torch.float32:
+            raise ValueError("the native step needs the output head as an fp32 weight")
+        if head_bits == 8:
+            h = native.pack_q8_rows(head_w)
+            head = native.lin(native.W_Q8, c.vocab_size, c.dim, 0, q=self._keep(h["q"]), s=self._keep(h["s"]))
+        else:
+            head = native.lin(native.W_F32, c.vocab_size, c.dim, w=self._keep(head_w.detach().contiguous()))
+        self.head_bits = head_bits
+        angles = torch.arange(c.max_seq_len, dtype=torch.float32)[:, None] * model.inv_freq.float()
+        cos, sin = self._keep(angles.cos().contiguous()), self._keep(angles.sin().contiguous())
+        self.md = native.Model(c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.intermediate_size,
+                               c.vocab_size, c.norm_eps, self._ptr(model.embed_tokens.weight),
+                               self._ptr(model.norm.weight), cos.data_ptr(), sin.data_ptr(), c.max_seq_len,
+                               head, layers)
+
+    def _keep(self, t: Tensor) -> Tensor:
+        self.keep.append(t)
+        return t
+
+    def _ptr(self, t: Tensor) -> int:
+        t = t.detach()
+        if t.dtype != torch.float32 or not t.is_contiguous():
+            t = t.float().contiguous()
+        return self._keep(t).data_ptr()
+
+    def _linear(self, mods: list[nn.Module], interleave: bool = False) -> native.Lin:
+        """Fuse linears that share their input into one product (columns concatenated, or gate/up interleaved)."""
+        if all(isinstance(m, Int4Linear) for m in mods):
+            parts = [_q4_parts(m) for m in mods]
+            groups = {m.group_size for m in mods}
+            if len(groups) != 1:
+                raise ValueError("fused INT4 linears must share a group size")
+            if interleave:
+                q, z, s = (_interleave16(parts[0][j], parts[1][j], 1) for j in range(3))
+            else:
+                q, z, s = (torch.cat([p[j] for p in parts], dim=1) for j in range(3))
+            packed = native.pack_q4(q, z, s, groups.pop())
+            biases = [m.bias for m in mods]
+            K, N = q.shape
+            bias = self._keep(torch.cat([b.float() for b in biases]).contiguous()) if biases[0] is not None else None
+            return native.lin(native.W_Q4, N, K, mods[0].group_size, q=self._keep(packed["q"]),
+                              s=self._keep(packed["s"]), m=self._keep(packed["m"]), bias=bias)
+        if all(isinstance(m, nn.Linear) for m in mods):
+            ws = [m.weight.detach().float() for m in mods]
+            w = _interleave16(ws[0], ws[1], 0) if interleave else torch.cat(ws, dim=0)
+            w = self._keep(w.contiguous())
+            bias = None
+            if mods[0].bias is not None:
+                bs = [m.bias.detach().float() for m in mods]
+                bias = self._keep((_interleave16(bs[0], bs[1], 0) if interleave else torch.cat(bs)).contiguous())
+            return native.lin(native.W_F32, w.shape[0], w.shape[1], w=w, bias=bias)
+        raise ValueError(f"the native step takes INT4 or fp32 nn.Linear layers, not {type(mods[0]).__name__}")
+
+    def _cache(self, cache: KVCache) -> native.Cache:
+        if cache.native is None:
+            kvs = (native.KV * cache.n_layers)()
+            for i in range(cache.n_layers):
+                def p(name: str, i: int = i) -> int | None:
+                    t = getattr(cache, f"{name}{i}", None)
+                    return None if t is None else t.data_ptr()
+                kvs[i] = native.KV(p("k"), p("v"), p("ks"), p("vs"), p("vm"))
+            if cache.kind == "fp" and cache.dtype != torch.float32:
+                raise ValueError("the native step reads fp32, bf16, int8 or k8v4 caches")
+            cache.native = (native.Cache(native.KV_KINDS[cache.kind], cache.max_len, kvs), kvs)
+        return cache.native[0]
+
+    def __call__(self, tokens: Tensor, positions: Tensor, cache: KVCache, last_only: bool = False) -> Tensor:
+        """tokens, positions [1, T] -> logits [1, T or 1, vocab] fp32; writes the T positions' K/V."""
+        if tokens.shape[0] != 1:
+            raise ValueError("the native step runs one sequence at a time")
+        T = tokens.shape[1]
+        ids = tokens[0].to(torch.int64).contiguous()
+        pos = positions[0].to(torch.int64).contiguous()
+        if int(ids.max()) >= self.config.vocab_size or int(ids.min()) < 0:
+            raise ValueError(f"token id out of range for a vocabulary of {self.config.vocab_size}")
+        out = torch.empty(1 if last_only else T, self.config.vocab_size, dtype=torch.float32)
+        rc = self.lib.parley_forward(ctypes.byref(self.md), ctypes.byref(self._cache(cache)), T, ids.data_ptr(),
+                                     pos.data_ptr(), int(last_only), out.data_ptr())
+        if rc != 0:
+            raise ValueError(f"positions {pos.tolist()[:4]}... exceed the cache ({cache.max_len} slots) "
+                             f"or the model's {self.config.max_seq_len} positions")
+        return out[None]
+
+
+def attach(model: Transformer, head_bits: int = 8) -> str | None:
+    """Attach the native step to a CPU model; returns None on success, else why it runs on PyTorch."""
+    if model.norm.weight.device.type != "cpu" or model.norm.weight.dtype != torch.float32:
+        return "the native step runs fp32 models on the CPU"
+    lib = native.load()
+    if lib is None:
+        return native.why_unavailable()
+    try:
+        model.native = NativeStep(model, lib, head_bits)
+    except ValueError as e:
+        return str(e)
+    return None
