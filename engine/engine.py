@@ -1,9 +1,8 @@
-"""The loaded target (and draft) model, its KV cache, and the few tensor verbs a reply needs."""
+"""The loaded target (and draft) model: loading, the drafter for a speculation mode, and sessions."""
 
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import torch
@@ -11,14 +10,11 @@ from torch import Tensor
 
 from ..models.progress import ProgressFn
 from ..models.transformer import Transformer
-from .prefix import common_prefix
+from .cached_model import CachedModel
 from .protocol import Capabilities
 from .session import Session
 from .speculative import Drafter, PromptLookup
 from .threads import ThreadTuner
-
-PREFILL_CHUNK = 512  # long pastes prefill in pieces so activation memory stays bounded
-WINDOW_BUCKET = 256  # attention reads the cache up to the next multiple of this
 
 
 def resolve_kv_cache(kind: str | None, device: torch.device, model: Transformer) -> str:
@@ -38,30 +34,21 @@ def default_device() -> torch.device:
 
 
 class Engine:
-    """Owns the target's KV cache and runs one reply at a time.
-
-    `cached_ids` are exactly the tokens whose keys/values the cache holds, in order; every reply
-    starts by keeping the longest prefix of them that its prompt shares.
-    """
+    """Holds the target (a `CachedModel`: every reply starts from the longest prefix of its cache that
+    the prompt shares) and the drafters, and runs one reply at a time."""
 
     def __init__(self, model: Transformer, tokenizer, *, name: str = "model", quantization: str = "none",
                  context_window: int | None = None, draft: Drafter | None = None, compile: bool = False,
                  kv_cache: str = "fp") -> None:
         self.model = model.eval()
-        # The decode/verify step (a few tokens) is where per-op Python overhead shows: compile it once,
-        # with dynamic shapes so any draft length and attention window reuse the same graph. Prefill
-        # stays eager: it is compute-bound and runs once per turn.
-        self.step = torch.compile(model, dynamic=True, fullgraph=True) if compile and model.native is None else model
         self.tokenizer = tokenizer
         self.model_name = name
         self.quantization = quantization
         self.context_window = min(context_window or 8192, model.config.max_seq_len)
-        self.device = model.norm.weight.device
         self.kv_cache = kv_cache
-        self.cache = model.new_cache(self.context_window, kind=kv_cache)
-        self.cached_ids: list[int] = []
+        self.target = CachedModel(model, self.context_window, compile=compile, kv_cache=kv_cache)
         self.prompt_lookup = PromptLookup()
-        self.tuner = ThreadTuner()
+        self.target.tuner = ThreadTuner()
         self.draft = draft
 
     @classmethod
@@ -122,6 +109,13 @@ class Engine:
     def capabilities(self) -> Capabilities:
         return Capabilities()
 
+    def set_kv_cache(self, kind: str) -> None:
+        """Switch the target's KV cache storage (`auto`: this device's default); the context is re-read once."""
+        kind = resolve_kv_cache(kind, self.target.device, self.model)
+        if kind != self.kv_cache:
+            self.target.set_kv_cache(kind)
+            self.kv_cache = kind
+
     def session(self, system_prompt: str | None = None) -> Session:
         return Session(self, system_prompt)
 
@@ -136,46 +130,19 @@ class Engine:
             return self.draft
         return self.prompt_lookup
 
-    # -- tensor verbs -------------------------------------------------------------------------
+    def reset_cache(self) -> None:
+        """Forget every cached token (the target's and the draft model's)."""
+        self.target.rollback(0)
+        if hasattr(self.draft, "reset"):
+            self.draft.reset()
 
-    @torch.inference_mode()
+    # -- the target's verbs, for the benches ------------------------------------------------
+
     def forward(self, tokens: list[int], last_only: bool = False) -> Tensor:
-        """Logits [T, V] for `tokens` placed right after `cached_ids`; their KV is written but not
-        claimed until `commit`."""
-        start = len(self.cached_ids)
-        end = start + len(tokens)
-        if end > self.cache.max_len:
-            raise ValueError(f"{end} positions exceed the context window of {self.cache.max_len}")
-        window = min(self.cache.max_len, -(-end // WINDOW_BUCKET) * WINDOW_BUCKET)
-        ids = torch.tensor([tokens], device=self.device)
-        pos = torch.arange(start, end, device=self.device)[None]
-        model = self.model if last_only else self.step
-        if last_only or len(tokens) > 32:
-            return model(ids, pos, self.cache, last_only, window)[0]
-        n = self.tuner.before_step()  # decode and verification steps: keep the faster thread count
-        t = time.perf_counter()
-        out = model(ids, pos, self.cache, last_only, window)[0]
-        self.tuner.after_step(n, time.perf_counter() - t, len(tokens))
-        return out
+        return self.target.forward(tokens, last_only)
 
     def commit(self, tokens: list[int]) -> None:
-        """Claim the KV just computed for `tokens` (a prefix of the last forward's input)."""
-        self.cached_ids.extend(tokens)
-        self.cache.length = len(self.cached_ids)
-
-    def rollback(self, length: int) -> None:
-        del self.cached_ids[length:]
-        self.cache.truncate(length)
+        self.target.commit(tokens)
 
     def prefill(self, ids: list[int]) -> int:
-        """Make the cache hold exactly `ids`, reusing the common prefix; returns how many were reused."""
-        reused = common_prefix(self.cached_ids, ids)
-        self.rollback(reused)
-        for i in range(reused, len(ids), PREFILL_CHUNK):
-            chunk = ids[i : i + PREFILL_CHUNK]
-            self.forward(chunk, last_only=True)
-            self.commit(chunk)
-        return reused
-
-    def reset_cache(self) -> None:
-        self.rollback(0)
+        return self.target.sync(ids)

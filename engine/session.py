@@ -1,37 +1,43 @@
-"""A conversation's reply loop: prefix reuse, chunked prefill, then rounds of draft -> verify -> emit."""
+"""A conversation's reply loop: prefix reuse, chunked prefill, then rounds of propose -> forward ->
+verify -> commit."""
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from . import sampling
-from .events import Done, Event, Stats, TextDelta
-from .params import GenerationParams
+from .events import Done, Event, Notice, Stats, TextDelta
+from .params import GenerationParams, checked
+from .reply_stats import ReplyStats
 from .speculative import AdaptiveDraftLength, verify
 
 if TYPE_CHECKING:
     from .engine import Engine
 
 
-STATS_EVERY_S = 0.5  # how often a reply in flight reports its figures
-
-
 class Session:
-    """One conversation. Its KV state lives in the engine (one reply at a time); `Engine.cached_ids`
-    says which tokens the cache holds, so any session can continue from the longest common prefix."""
+    """One conversation. Its KV state lives in the engine's target (one reply at a time), which keeps
+    the longest prefix any prompt shares with what it holds.
+
+    A conversation longer than the window leaves out its oldest turns in one block, down to half the
+    window, and goes on leaving out the same turns: the prompt's start stays put, so later turns keep
+    reusing the cache until the window fills again (one re-prefill per half window, not one per turn).
+    """
 
     def __init__(self, engine: Engine, system_prompt: str | None = None) -> None:
         self.engine = engine
         self.system_prompt = system_prompt
+        self.left_out = 0  # leading messages (after a system prompt) kept out of the window
+        self.reply_ids: list[int] = []  # the token ids the last reply showed
 
     def reply(self, messages: list[dict[str, str]], params: GenerationParams,
               cancel: threading.Event | None = None) -> Iterator[Event]:
         """Stream the assistant's answer to `messages` (the whole visible conversation).
 
-        `params` is read again at the start of every round, so a change applies to the next tokens.
+        `params` is read and validated again at the start of every round, so a change applies to the
+        next tokens (an invalid one is reported by a Notice and the round keeps the last valid values).
         On cancellation the engine's cache holds exactly the prompt and the tokens already shown.
         """
         try:
@@ -42,99 +48,115 @@ class Session:
 
     def _reply(self, messages: list[dict[str, str]], live: GenerationParams,
                cancel: threading.Event) -> Iterator[Event]:
-        eng = self.engine
-        t0 = time.perf_counter()
+        eng, target = self.engine, self.engine.target
+        figures = ReplyStats(target.max_len)
         params = live.snapshot()
-        params.validate()
-        if self.system_prompt and (not messages or messages[0]["role"] != "system"):
-            messages = [{"role": "system", "content": self.system_prompt}, *messages]
-        ids = eng.tokenizer.encode_chat(messages)
-        window = eng.context_window
-        if len(ids) >= window:
-            yield Done("length", f"the conversation is {len(ids)} tokens; the context window holds {window}. "
-                                 "Start a new chat or shorten the message.")
+        try:
+            params.validate()
+        except ValueError as e:  # nothing valid to fall back on yet
+            yield Done("error", str(e))
             return
-
+        if hasattr(eng, "set_kv_cache"):
+            eng.set_kv_cache(params.kv_cache)  # a change made in the panel applies from this reply
+        ids = yield from self._prompt(messages, params)
+        if len(ids) >= target.max_len:
+            yield Done("length", f"the conversation is {len(ids)} tokens; the context window holds "
+                                 f"{target.max_len}. Start a new chat or shorten the message.")
+            return
         # Prefill everything but the last prompt token; that one is the first input of round one.
-        reused = eng.prefill(ids[:-1])
-        pending: int | None = ids[-1]
-        generator = sampling.make_generator(params.seed)
-        stream = eng.tokenizer.stream()
-        stop_ids = eng.tokenizer.stop_ids
-        adapt = AdaptiveDraftLength(params.draft_tokens)
-        new_tokens = proposed = accepted = passes = 0
-        t_first: float | None = None
-        t_stats = t0
-        reason, detail = "length", ""
-
-        def stats() -> Stats:
-            now = time.perf_counter()
-            decode_s = now - t_first if t_first is not None else 0.0
-            return Stats(
-                new_tokens=new_tokens,
-                tokens_per_s=(new_tokens - 1) / decode_s if new_tokens > 1 and decode_s > 0 else 0.0,
-                accepted=accepted,
-                proposed=proposed,
-                tokens_per_target_pass=new_tokens / passes if passes else 0.0,
-                ttft_s=(t_first or now) - t0,
-                prompt_tokens=len(ids) - reused,
-                reused_tokens=reused,
-                context_tokens=len(eng.cached_ids) + (pending is not None),
-                context_window=window,
-            )
-
+        figures.reused_tokens = target.sync(ids[:-1])
+        figures.prompt_tokens = len(ids) - figures.reused_tokens
+        pending, generator, stream = ids[-1], sampling.make_generator(params.seed), eng.tokenizer.stream()
+        adapt, rejected = AdaptiveDraftLength(params.draft_tokens), None
+        self.reply_ids = []
         while True:
-            if cancel.is_set():
-                reason = "cancelled"
+            params, problem = checked(live, params)
+            if problem and problem != rejected:
+                yield Notice(problem)
+            rejected, budget = problem, params.max_new_tokens - figures.new_tokens
+            if end := self._end(cancel, params, budget):
+                reason, detail = end
                 break
-            params = live.snapshot()
-            budget = params.max_new_tokens - new_tokens
-            if budget <= 0:
-                reason, detail = "length", f"max_new_tokens={params.max_new_tokens} reached"
-                break
-            room = window - len(eng.cached_ids) - 1  # slots left after the pending token
-            if room < 0:
-                reason, detail = "length", f"context window of {window} tokens is full"
-                break
-            drafter = eng.drafter(params.speculation)
+            # propose: a drafter guesses up to k tokens (k adapts; never past the budget or the window)
+            context, drafter = [*target.ids, pending], eng.drafter(params.speculation)
             adapt.k_max = params.draft_tokens
-            k = min(adapt.k, params.draft_tokens, room, budget - 1)
-            draft, q = ([], None)
-            if drafter and k > 0:
-                draft, q = drafter.propose(eng.cached_ids + [pending], k, params, generator)
-            draft, q = draft[:k], (q[: len(draft[:k])] if q is not None else None)
-
-            logits = eng.forward([pending, *draft])
-            passes += 1
-            new = verify(sampling.probs(logits, params), draft, q, generator)
-            proposed += len(draft)
-            accepted += len(new) - 1
+            k = min(adapt.k, target.max_len - len(context), budget - 1) if drafter else 0
+            draft, q = drafter.propose(context, k, params, generator) if k > 0 else ([], None)
+            # forward + verify: one target pass scores every guess and decides one token past them
+            logits = target.forward([pending, *draft])
+            new = verify(sampling.probs(logits, params, history=context, drafted=draft), draft, q, generator)
             adapt.update(len(draft), len(new) - 1)
-
-            # Cut at a stop token and at the budget; what is left is shown and becomes the context.
-            stop_at = next((i for i, t in enumerate(new) if t in stop_ids), None)
-            shown = new[: stop_at if stop_at is not None else len(new)][:budget]
-            eng.commit([pending, *shown[:-1]] if shown else [])
-            if shown:
-                pending = shown[-1]
-                new_tokens += len(shown)
-                if t_first is None:
-                    t_first = time.perf_counter()
-                text = "".join(stream.push(t) for t in shown)
-                if text:
-                    yield TextDelta(text)
-                if time.perf_counter() - t_stats > STATS_EVERY_S:  # live figures for the status bar
-                    t_stats = time.perf_counter()
-                    yield stats()
-            if stop_at is not None and stop_at < budget:
-                # This pass computed the KV of the last shown token; the stop token is never cached.
-                eng.commit([pending])
-                pending = None
-                reason = "eos"
+            # commit what is shown: up to a stop token (whose KV is never claimed) and the budget
+            shown, stopped = cut(new, eng.tokenizer.stop_ids, budget)
+            target.commit(1 + len(shown) if stopped else len(shown))
+            figures.drafter = drafter.name if drafter else ""
+            yield from self._show(shown, min(len(shown), len(new) - 1), len(draft), stream, figures)
+            if stopped:
+                reason, detail = "eos", ""
                 break
+            pending = shown[-1]
+            if figures.due():
+                yield self._stats(figures, pending=True)
         tail = stream.flush()
         if tail:
             yield TextDelta(tail)
-
-        yield stats()  # the final figures: the last Stats of a reply
+        yield self._stats(figures, pending=reason != "eos")  # the final figures: the last Stats of a reply
         yield Done(reason, detail)  # type: ignore[arg-type]
+
+    def _end(self, cancel: threading.Event, params: GenerationParams, budget: int) -> tuple[str, str] | None:
+        """Why the reply ends before this round, if it does."""
+        if cancel.is_set():
+            return "cancelled", ""
+        if budget <= 0:
+            return "length", f"max_new_tokens={params.max_new_tokens} reached"
+        if len(self.engine.target.ids) + 1 > self.engine.target.max_len:  # no slot for the pending token
+            return "length", f"context window of {self.engine.target.max_len} tokens is full"
+        return None
+
+    def _show(self, shown: list[int], drafted: int, proposed: int, stream, figures: ReplyStats) -> Iterator[Event]:
+        """Count a round and stream its shown tokens; the first `drafted` of them were accepted guesses."""
+        figures.round(proposed, len(shown), drafted)
+        self.reply_ids += shown
+        guessed = "".join(stream.push(t) for t in shown[:drafted])
+        text = guessed + "".join(stream.push(t) for t in shown[drafted:])
+        if text:
+            yield TextDelta(text, draft_chars=len(guessed))
+
+    def _stats(self, figures: ReplyStats, pending: bool) -> Stats:
+        figures.context_tokens = len(self.engine.target.ids) + pending
+        return figures.stats()
+
+    def _prompt(self, messages: list[dict[str, str]], params: GenerationParams) -> Iterator[Event]:
+        """The prompt's token ids (the generator's return value), leaving out old turns when the
+        conversation outgrows the window; says so by a Notice when that changes."""
+        tokenizer, window = self.engine.tokenizer, self.engine.target.max_len
+        head: list[dict[str, str]] = []
+        if messages and messages[0]["role"] == "system":
+            head, messages = messages[:1], messages[1:]
+        elif self.system_prompt:
+            head = [{"role": "system", "content": self.system_prompt}]
+        if self.left_out >= len(messages):  # a different, shorter conversation
+            self.left_out = 0
+        ids = tokenizer.encode_chat(head + messages[self.left_out:])
+        if len(ids) + min(params.max_new_tokens, window // 4) <= window:
+            return ids
+        n = self.left_out
+        while len(ids) > window // 2 and n < len(messages) - 1:  # the last message always stays
+            n += 1
+            while n < len(messages) - 1 and messages[n]["role"] != "user":  # start on a user turn
+                n += 1
+            ids = tokenizer.encode_chat(head + messages[n:])
+        if n != self.left_out and len(ids) < window:
+            self.left_out = n
+            yield Notice(f"This conversation is longer than the context window ({window} tokens): the model "
+                         f"no longer sees its first {n} messages.")
+        return ids
+
+
+def cut(new: list[int], stop_ids, budget: int) -> tuple[list[int], bool]:
+    """What a round shows of the tokens it decided: up to the first stop token (never shown; True says
+    the reply ends there) and at most `budget` tokens."""
+    for i, t in enumerate(new[:budget]):
+        if t in stop_ids:
+            return new[:i], True
+    return new[:budget], False

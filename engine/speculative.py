@@ -14,16 +14,15 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from ..models.transformer import KVCache, Transformer
+from ..models.transformer import Transformer
+from .cached_model import CachedModel
 from .params import GenerationParams
-from .prefix import common_prefix
 from .sampling import probs, sample
-
-DRAFT_CHUNK = 512  # the draft prefills long contexts in pieces, as the target does
-WINDOW_BUCKET = 256  # attention reads the draft cache up to the next multiple of this
 
 
 class Drafter(Protocol):
+    name: str  # shown in the reply's figures: "prompt lookup", or which draft model
+
     def propose(self, context: list[int], k: int, params: GenerationParams,
                 generator: torch.Generator | None = None) -> tuple[list[int], Tensor | None]:
         """Up to k guessed next tokens for `context`, and the distributions [n, V] they were drawn from
@@ -70,6 +69,8 @@ class PromptLookup:
     document; it is rebuilt only when the context stops extending the one indexed (a new turn that
     edits history).
     """
+
+    name = "prompt lookup"
 
     def __init__(self, min_n: int = 2, max_n: int = 4) -> None:
         if not 1 <= min_n <= max_n:
@@ -129,24 +130,30 @@ def check_same_vocabulary(draft_tokenizer, target_tokenizer) -> None:
 class DraftModel:
     """A small model with the target's tokenizer, drafting with the same sampling transform.
 
-    Its KV cache follows the target's without being told about accepts and rejects: each round it
+    Its cache follows the target's without being told about accepts and rejects: each round `sync`
     keeps the longest common prefix of what it holds and the context it is given, and feeds the rest
     (usually the one or two tokens the target just decided). Drafting stops early when the draft's
     own top probability at a position falls below `min_confidence`, where a guess is likely wasted.
     """
 
     def __init__(self, model: Transformer, tokenizer, target_tokenizer, *, min_confidence: float = 0.3,
-                 max_len: int | None = None, vocab_size: int | None = None) -> None:
+                 max_len: int | None = None, vocab_size: int | None = None, name: str = "draft model") -> None:
         check_same_vocabulary(tokenizer, target_tokenizer)
         if model.config.vocab_size < tokenizer.vocab_size:
             raise VocabularyMismatch(f"the draft model has {model.config.vocab_size} output rows, fewer than its "
                                      f"tokenizer's vocabulary of {tokenizer.vocab_size} tokens")
         self.model = model.eval()
+        self.name = name
         self.min_confidence = min_confidence
         self.max_len = max_len or min(model.config.max_seq_len, 8192)
         self.vocab_size = vocab_size  # the target's logit width, when it differs from the draft's (padding)
-        self.cache: KVCache | None = None  # allocated on first use
-        self.cached_ids: list[int] = []  # tokens whose KV the draft cache holds, in order
+        self._cached: CachedModel | None = None  # its cache is allocated on first use
+
+    @property
+    def cached(self) -> CachedModel:
+        if self._cached is None:
+            self._cached = CachedModel(self.model, self.max_len)
+        return self._cached
 
     @classmethod
     def self_draft(cls, target: Transformer, n_layers: int, tokenizer, **kw) -> DraftModel:
@@ -162,26 +169,32 @@ class DraftModel:
         shell.norm = target.norm
         shell.lm_head = target.lm_head
         shell.inv_freq = target.inv_freq
+        kw.setdefault("name", f"self:{n_layers}")
         return cls(shell, tokenizer, tokenizer, vocab_size=target.config.vocab_size, **kw)
 
     def propose(self, context: list[int], k: int, params: GenerationParams,
                 generator: torch.Generator | None = None) -> tuple[list[int], Tensor | None]:
         if k <= 0 or not context or len(context) + k > self.max_len:
             return [], None
-        logits = self._sync(context)
+        generator = generator or torch.default_generator
+        cached = self.cached
+        cached.sync(context[:-1])
         draft: list[int] = []
         rows: list[Tensor] = []
-        for i in range(k):
+        feed = context[-1:]
+        for _ in range(k):
+            logits = cached.forward(feed)[-1]
+            cached.commit(1)
             if self.vocab_size is not None:  # never guess an id the target has no row for (padded tables)
                 logits = logits[: self.vocab_size]
             if float(torch.softmax(logits, -1).max()) < self.min_confidence:
                 break
-            q = probs(logits, params)
-            x = int(q.argmax()) if params.temperature == 0 else sample(q, generator or torch.default_generator)
+            q = probs(logits, params, history=[*context, *draft])
+            # Drawn from q itself, on the generator's device: verification divides by exactly this q.
+            x = int(q.argmax()) if params.temperature == 0 else sample(q.to(generator.device), generator)
             draft.append(x)
             rows.append(q)
-            if i + 1 < k:
-                logits = self._feed([x])
+            feed = [x]
         if not draft:
             return [], None
         q = torch.stack(rows)
@@ -189,39 +202,9 @@ class DraftModel:
             q = torch.nn.functional.pad(q, (0, self.vocab_size - q.shape[-1]))
         return draft, q
 
-    def _sync(self, context: list[int]) -> Tensor:
-        """Roll the draft cache back to its common prefix with `context`, feed the rest; return the
-        logits after the last context token."""
-        if self.cache is None:
-            self.cache = self.model.new_cache(self.max_len)
-        # At least the last context token is fed again: its logits are what the first guess needs.
-        keep = min(common_prefix(self.cached_ids, context), len(context) - 1)
-        del self.cached_ids[keep:]
-        self.cache.truncate(keep)
-        rest = context[keep:]
-        for i in range(0, len(rest), DRAFT_CHUNK):
-            logits = self._feed(rest[i : i + DRAFT_CHUNK])
-        return logits
-
-    @torch.inference_mode()
-    def _feed(self, tokens: list[int]) -> Tensor:
-        """Write the KV of `tokens` after `cached_ids` and claim it; return the last position's logits."""
-        assert self.cache is not None
-        start = len(self.cached_ids)
-        end = start + len(tokens)
-        self.cache.window = min(self.cache.max_len, -(-end // WINDOW_BUCKET) * WINDOW_BUCKET)
-        device = self.model.norm.weight.device
-        ids = torch.tensor([tokens], device=device)
-        pos = torch.arange(start, end, device=device)[None]
-        logits = self.model(ids, pos, self.cache, True)[0, -1]
-        self.cached_ids.extend(tokens)
-        self.cache.length = end
-        return logits
-
     def reset(self) -> None:
-        self.cached_ids.clear()
-        if self.cache is not None:
-            self.cache.truncate(0)
+        if self._cached is not None:
+            self._cached.rollback(0)
 
 
 def load_draft(spec: str, target: Transformer, target_files, tokenizer, *, progress=None,
@@ -241,7 +224,8 @@ def load_draft(spec: str, target: Transformer, target_files, tokenizer, *, progr
         n = spec.partition(":")[2]
         if n and not n.isdigit():
             raise ValueError(f"--draft {spec!r}: expected self:N with N a number of layers")
-        return DraftModel.self_draft(target, int(n) if n else max(1, target.config.n_layers // 4), tokenizer)
+        return DraftModel.self_draft(target, int(n) if n else max(1, target.config.n_layers // 4), tokenizer,
+                                     name=spec)
     if spec == "awq":
         from ..models.quantize.cache import ensure_quantized
 
@@ -251,7 +235,7 @@ def load_draft(spec: str, target: Transformer, target_files, tokenizer, *, progr
         files = resolve(spec, progress=progress)
         draft_tokenizer = load_tokenizer(files)
     model = load_model(files, dtype=weight.dtype, device=weight.device)
-    return DraftModel(model, draft_tokenizer, tokenizer, vocab_size=target.config.vocab_size)
+    return DraftModel(model, draft_tokenizer, tokenizer, vocab_size=target.config.vocab_size, name=spec)
 
 
 class AdaptiveDraftLength:

@@ -20,6 +20,6 @@ def test_generation_stops_at_window_and_engine_stays_usable():
     events = list(eng.session().reply([{"role": "user", "content": "y" * 40}], params))
     done = events[-1]
     assert isinstance(done, Done) and done.reason == "length" and "context window" in done.detail
-    assert len(eng.cached_ids) <= 64
+    assert len(eng.target.ids) <= 64
     again = list(eng.session().reply([{"role": "user", "content": "short"}], params))
     assert any(isinstance(e, TextDelta) for e in again)

@@ -56,11 +56,11 @@ def test_cache_follows_context_by_common_prefix():
     draft = DraftModel(model, ByteTokenizer(), ByteTokenizer(), min_confidence=0.0)
     ctx = list(b"the quick brown fox")
     guess, _ = draft.propose(ctx, 4, GREEDY)
-    assert draft.cached_ids == ctx + guess[:-1]  # the last guess is never fed
+    assert draft.cached.ids == ctx + guess[:-1]  # the last guess is never fed
     edited = list(b"the quick red fox")  # an earlier turn edited: only "the quick " is kept
     again, _ = draft.propose(edited, 4, GREEDY)
     fresh, _ = DraftModel(model, ByteTokenizer(), ByteTokenizer(), min_confidence=0.0).propose(edited, 4, GREEDY)
-    assert again == fresh and draft.cached_ids == edited + again[:-1]
+    assert again == fresh and draft.cached.ids == edited + again[:-1]
 
 
 def test_self_draft_shares_the_targets_weights():

@@ -36,8 +36,8 @@ def test_caches_equal_fresh_prefill_after_mixed_rounds(mode):
         stats = [e for e in eng.session().reply(convo, params) if isinstance(e, Stats)][-1]
         proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
         rejected_rounds += stats.proposed > stats.accepted
-        assert_cache_equals_fresh_prefill(eng.model, eng.cache, eng.cached_ids)
+        assert_cache_equals_fresh_prefill(eng.model, eng.target.cache, eng.target.ids)
         if mode == "draft":
-            assert_cache_equals_fresh_prefill(draft.model, draft.cache, draft.cached_ids)
+            assert_cache_equals_fresh_prefill(draft.model, draft.cached.cache, draft.cached.ids)
         convo = [*convo, {"role": "assistant", "content": "one two"}, {"role": "user", "content": "three one two"}]
     assert accepted > 0 and rejected_rounds > 0 and proposed > accepted

@@ -1,0 +1,100 @@
+"""A model with its KV cache and the token ids that cache holds: the state every reply builds on.
+
+The target and the draft model are two instances. A reply calls `sync` (keep the longest common
+prefix of what the cache holds, prefill the rest in chunks), then rounds of `forward` (write the KV of
+a few tokens, return their logits) and `commit` (claim the KV of the tokens that were kept); anything
+not committed is rolled back for free, since the next forward overwrites it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import Tensor
+
+from ..models.transformer import Transformer
+from .prefix import common_prefix
+from .threads import ThreadTuner
+
+PREFILL_CHUNK = 512  # long pastes prefill in pieces so activation memory stays bounded
+WINDOW_BUCKET = 256  # attention reads the cache up to the next multiple of this: few shapes, few slots
+
+
+def attention_window(end: int, max_len: int) -> int:
+    """Cache slots a pass over positions < `end` must read: `end` rounded up to a bucket."""
+    return min(max_len, -(-end // WINDOW_BUCKET) * WINDOW_BUCKET)
+
+
+class CachedModel:
+    """Owns a model's KV cache; `ids` are exactly the tokens whose keys/values it holds, in order."""
+
+    def __init__(self, model: Transformer, max_len: int, *, compile: bool = False, kv_cache: str = "fp") -> None:
+        self.model = model.eval()
+        # The decode/verify step (a few tokens) is where per-op Python overhead shows: compile it once,
+        # with dynamic shapes so any draft length and window reuse the same graph. Prefill stays eager:
+        # it is compute-bound and runs once per turn.
+        # (The native CPU step is one call already: nothing to compile.)
+        self.step = torch.compile(model, dynamic=True, fullgraph=True) if compile and model.native is None else model
+        self.device = model.norm.weight.device
+        self.cache = model.new_cache(max_len, kind=kv_cache)
+        self.tuner: ThreadTuner | None = None  # set on the target: decode steps adapt the thread count
+        self.ids: list[int] = []
+        self._fed: list[int] = []  # the last forward's tokens, whose KV sits uncommitted after `ids`
+
+    @property
+    def max_len(self) -> int:
+        return self.cache.max_len
+
+    @torch.inference_mode()
+    def forward(self, tokens: list[int], last_only: bool = False) -> Tensor:
+        """Logits [T, V] (the last row only with `last_only`) for `tokens` placed right after `ids`;
+        their KV is written but not claimed until `commit`."""
+        start = len(self.ids)
+        end = start + len(tokens)
+        if end > self.max_len:
+            raise ValueError(f"{end} positions exceed the context window of {self.max_len}")
+        ids = torch.tensor([tokens], device=self.device)
+        pos = torch.arange(start, end, device=self.device)[None]
+        model = self.model if last_only else self.step
+        window = attention_window(end, self.max_len)
+        if last_only or len(tokens) > 32 or self.tuner is None:
+            logits = model(ids, pos, self.cache, last_only, window)[0]
+        else:  # decode and verification: time the step, so the thread count follows a busy machine
+            n = self.tuner.before_step()
+            t = time.perf_counter()
+            logits = model(ids, pos, self.cache, last_only, window)[0]
+            self.tuner.after_step(n, time.perf_counter() - t, len(tokens))
+        self._fed = list(tokens)
+        return logits
+
+    def set_kv_cache(self, kind: str) -> None:
+        """Store the cache as `kind` from now on (a new, empty cache: the next sync re-reads the context)."""
+        self.cache = self.model.new_cache(self.max_len, kind=kind)
+        self.ids, self._fed = [], []
+
+    def commit(self, n: int | list[int]) -> None:
+        """Claim the KV of the first `n` tokens of the last forward (or of those tokens, given as a list)."""
+        tokens = self._fed[:n] if isinstance(n, int) else n
+        if (isinstance(n, int) and not 0 <= n <= len(self._fed)) or tokens != self._fed[: len(tokens)]:
+            raise ValueError(f"cannot commit {n}: not a prefix of the last forward's {len(self._fed)} tokens")
+        self.ids.extend(tokens)
+        self._fed = []
+        self.cache.truncate(len(self.ids))
+
+    def rollback(self, length: int) -> None:
+        """Keep the first `length` tokens' KV."""
+        del self.ids[length:]
+        self._fed = []
+        self.cache.truncate(len(self.ids))
+
+    def sync(self, ids: list[int]) -> int:
+        """Make the cache hold exactly `ids`, reusing the longest common prefix; return how many
+        tokens were reused."""
+        reused = common_prefix(self.ids, ids)
+        self.rollback(reused)
+        for i in range(reused, len(ids), PREFILL_CHUNK):
+            chunk = ids[i : i + PREFILL_CHUNK]
+            self.forward(chunk, last_only=True)
+            self.commit(len(chunk))
+        return reused

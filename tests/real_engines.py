@@ -1,0 +1,37 @@
+"""The real embedded model's engines for the exactness tests, loaded once per test process: the
+default INT4 (AWQ, quantized into the test cache on first use) and fp32. Each test gets engines that
+share those weights with caches of their own (`fresh`)."""
+
+from __future__ import annotations
+
+import functools
+import random
+from importlib import resources
+
+from parley.engine.engine import Engine
+
+QUANTS = ["awq", "none"]  # the default engine first
+
+
+@functools.cache
+def loaded(quant: str) -> Engine:
+    return Engine.load(None, quant=quant, device="cpu", context_window=256)
+
+
+def fresh(quant: str, context_window: int = 1024, draft=None) -> Engine:
+    """An engine on the real model's weights with an empty cache."""
+    eng = loaded(quant)
+    return Engine(eng.model, eng.tokenizer, name=eng.model_name, quantization=eng.quantization,
+                  context_window=context_window, draft=draft, kv_cache=eng.kv_cache)
+
+
+def heldout(name: str) -> str:
+    return resources.files("parley").joinpath(f"assets/heldout/{name}").read_text()
+
+
+def snippet(rng: random.Random, lo: int = 20, hi: int = 200) -> str:
+    """A random stretch of held-out text (essays or Python docs), cut at word boundaries."""
+    text = heldout(rng.choice(["essays.txt", "python_reference.txt", "python_stdlib.txt"]))
+    start = rng.randrange(len(text) - hi)
+    piece = text[start : start + rng.randint(lo, hi)]
+    return piece.split(" ", 1)[-1].rsplit(" ", 1)[0].strip() or piece

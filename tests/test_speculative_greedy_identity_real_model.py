@@ -1,0 +1,63 @@
+"""Temperature 0 on the real model, the default INT4 engine and fp32: replies with speculation off,
+prompt lookup and a draft model (a self-draft on the target's first 20 layers) are token-identical
+over 128 tokens, on pasted held-out documents and on chat prompts. No tie allowance: with batch-
+invariant passes a k+1-token verification pass decides exactly what a 1-token pass decides, so any
+difference is a bug (issue 10; today's torch path is not batch invariant, see the invariance test)."""
+
+import pytest
+from real_engines import QUANTS, fresh, heldout
+
+from parley.engine.events import Done, Stats
+from parley.engine.params import GenerationParams
+from parley.engine.speculative import DraftModel
+
+pytestmark = pytest.mark.slow
+NEW_TOKENS = 128
+
+
+def document(name: str, start: str, chars: int = 4000) -> str:
+    text = heldout(name)
+    i = text.index(start)
+    return text[i : i + chars].rsplit("\n", 1)[0]
+
+
+PROMPTS = {
+    "execution model": "Summarise the following document, quoting its key terms.\n\n"
+                       + document("python_reference.txt", "Structure of a program"),
+    "shlex source": "Explain what this module does and list its public functions.\n\n"
+                    + document("python_stdlib.txt", "Lib/shlex.py"),
+    "keepers' logs": "Summarise this essay in five bullet points.\n\n" + document("essays.txt", "The Lighthouse"),
+    "chat: bread": "How do I keep a sourdough starter healthy through a hot summer?",
+    "chat: code": "Write a Python function that merges two sorted lists, and explain how it works.",
+}
+
+
+def reply_ids(eng, prompt: str, speculation: str) -> tuple[list[int], Stats]:
+    session = eng.session()
+    params = GenerationParams(temperature=0, max_new_tokens=NEW_TOKENS, speculation=speculation, draft_tokens=8)
+    events = list(session.reply([{"role": "user", "content": prompt}], params))
+    assert isinstance(events[-1], Done) and events[-1].reason in ("eos", "length"), events[-1]
+    return session.reply_ids, [e for e in events if isinstance(e, Stats)][-1]
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+def test_greedy_speculation_is_token_identical(quant):
+    eng = fresh(quant, context_window=2048)
+    eng.draft = DraftModel.self_draft(eng.model, 20, eng.tokenizer, min_confidence=0.0, max_len=2048)
+    checked, failures = {"prompt-lookup": 0, "draft": 0}, []
+    for name, prompt in PROMPTS.items():
+        plain, _ = reply_ids(eng, prompt, "off")
+        for mode in checked:
+            got, stats = reply_ids(eng, prompt, mode)
+            checked[mode] += stats.accepted
+            if got != plain:
+                first = next((i for i, (a, b) in enumerate(zip(plain, got, strict=False)) if a != b),
+                             min(len(plain), len(got)))
+                failures.append(f"{name!r} {mode}: differs from plain at token {first} of {len(plain)} "
+                                f"({eng.tokenizer.decode(plain[first:first + 3])!r} vs "
+                                f"{eng.tokenizer.decode(got[first:first + 3])!r})")
+    print(f"{quant}: accepted guesses checked {checked}")
+    assert not failures, f"{quant}: {len(failures)} replies differ:\n" + "\n".join(failures)
+    # Much went through verification (measured on INT4: 248 accepted by prompt lookup, 20 by the self-draft,
+    # which the reply loop pauses after misses).
+    assert checked["prompt-lookup"] > NEW_TOKENS and checked["draft"] >= 16, checked
