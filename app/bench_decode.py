@@ -192,11 +192,11 @@ def run(args: argparse.Namespace) -> int:
                 results["model"] = engine.model_name
                 ids = engine.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
                 wbytes = weight_bytes_per_token(engine)
-                kv_pos = engine.cache.bytes_per_position()
+                kv_pos = engine.target.cache.bytes_per_position()
                 r: dict = {"path": "native" if engine.model.native is not None else "torch",
                            "quantization": engine.quantization, "kv_cache": engine.kv_cache,
                            "load_s": round(load_s, 1), "weight_mb_per_token": round(wbytes / 1e6, 1),
-                           "kv_cache_mb": round(kv_pos * engine.cache.max_len / 1e6, 1)}
+                           "kv_cache_mb": round(kv_pos * engine.target.cache.max_len / 1e6, 1)}
                 if args.prefill_tokens:
                     r["prefill_tok_s"] = round(prefill_rate(engine, ids, args.prefill_tokens, args.repeats), 1)
                 r["decode"] = []
