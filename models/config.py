@@ -11,6 +11,7 @@ from typing import Any
 from .errors import ModelLoadError
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+ROPE_TYPES = ("default", "linear", "llama3")  # what transformer.rope_frequencies implements
 
 # Sane upper bounds, checked before anything is built: a damaged or hostile config must fail with a
 # message, not by trying to allocate terabytes or building ten million layers. Each is far above any
@@ -120,6 +121,13 @@ class ModelConfig:
             rope_theta = rope_params.get("rope_theta", 10000.0)
         if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
             rope_scaling = rope_params
+        if rope_scaling is not None:
+            kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+            if kind not in ROPE_TYPES:
+                raise ConfigError(f"{source}: rope_scaling type {kind!r} is not supported ({', '.join(ROPE_TYPES)} "
+                                  "are); use a model of another configuration")
+            if kind != "default":
+                _positive(rope_scaling.get("factor"), "rope_scaling.factor", source)
         quantization = cfg.get("quantization_config")
         if quantization is not None and not isinstance(quantization, dict):
             raise ConfigError(f"{source}: quantization_config must be a JSON object, found "
