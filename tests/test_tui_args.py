@@ -25,3 +25,10 @@ def test_chat_flags_build_the_app(monkeypatch):
     app = seen["app"]
     assert app.model_ref == "org/m" and app.system_prompt == "Be brief."
     assert (app.params.temperature, app.params.speculation) == (0.3, "off")
+
+    from parley.engine.engine import Engine
+
+    loaded = {}
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *a, **k: loaded.update(args=a, kwargs=k)))
+    app._load_engine(lambda progress: None)  # what the app's loading worker calls
+    assert loaded["args"] == ("org/m",) and loaded["kwargs"]["quant"] == "none"
