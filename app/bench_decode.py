@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from .peak_memory import peak_memory
+from .bench_harness import peak_memory
 
 PROMPT = ("Write a detailed, friendly explanation of how rainbows form, covering refraction, reflection "
           "and dispersion of sunlight in water droplets, and why the colours always appear in the same order.")

@@ -41,9 +41,10 @@ class Int4Linear(nn.Module):
         self._prepared: Any = None  # the kernels' repacked form, built on first use
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group_size: int, max_abs: Bounds | None = None) -> Int4Linear:
-        """Quantize an nn.Linear (its weight clipped per group to `max_abs` first, when given)."""
-        w = linear.weight.data
+    def from_linear(cls, linear: nn.Module, group_size: int, max_abs: Bounds | None = None) -> Int4Linear:
+        """Quantize an nn.Linear, or the engine's CPU TransposedLinear (its weight clipped per group to
+        `max_abs` first, when given)."""
+        w = linear.weight.data if hasattr(linear, "weight") else linear.weight_t.data.t()
         m = cls(linear.in_features, linear.out_features, group_size, linear.bias is not None,
                 device=w.device, dtype=w.dtype)
         m.qweight, m.qzeros, m.scales = quantize_weight(w, group_size, max_abs)
