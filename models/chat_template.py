@@ -145,10 +145,11 @@ def pick_template(value: Any) -> str | None:
 
 def render(source: str, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
            special_tokens: dict[str, str] | None = None, cancel: threading.Event | None = None,
-           time_limit_s: float = TIME_LIMIT_S) -> str:
+           time_limit_s: float = TIME_LIMIT_S, origin: str = "the model's chat template") -> str:
     """The prompt text for `messages`. Messages are copied to plain dicts of plain values first.
 
-    A ValueError when the template fails or exceeds its bounds; RenderCancelled when `cancel` is set.
+    A ValueError naming `origin` (where the template came from) when the template fails or exceeds its
+    bounds; RenderCancelled when `cancel` is set.
     """
     plain = [{str(k): v for k, v in dict(m).items()} for m in messages]
     template = compile_template(source)
@@ -165,7 +166,8 @@ def render(source: str, messages: list[dict[str, Any]], add_generation_prompt: b
     except RenderCancelled:
         raise
     except Exception as e:  # the template is foreign code: any failure in it is the template's
-        raise ValueError(f"the model's chat template rejected these messages: {type(e).__name__}: {e}") from None
+        raise ValueError(f"{origin}: the chat template rejected these messages ({type(e).__name__}: {e}); fix "
+                         "the template or use another model") from None
     finally:
         _budget.deadline, _budget.cancel = float("inf"), None
     return "".join(parts)

@@ -131,9 +131,11 @@ class StreamDecoder:
 
 class Tokenizer:
     def __init__(self, backend: Backend, chat_template_source: str | None, special_tokens: dict[str, str],
-                 eos_id: int | None, extra_stop_ids: Iterable[int] = ()) -> None:
+                 eos_id: int | None, extra_stop_ids: Iterable[int] = (),
+                 template_origin: str = "the model's chat template") -> None:
         self.backend = backend
         self.chat_template = chat_template_source or chat_template.FALLBACK_TEMPLATE
+        self.template_origin = template_origin  # named in rendering errors: the file the template came from
         self.has_chat_template = chat_template_source is not None
         self.special_tokens = special_tokens  # bos_token, eos_token, ... as the template sees them
         self._vocab = backend.vocab()
@@ -160,7 +162,7 @@ class Tokenizer:
                     cancel: threading.Event | None = None) -> str:
         """The prompt text; ValueError from a failing or runaway template, RenderCancelled once `cancel` is set."""
         return chat_template.render(self.chat_template, messages, add_generation_prompt, self.special_tokens,
-                                    cancel)
+                                    cancel, origin=self.template_origin)
 
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                     cancel: threading.Event | None = None) -> list[int]:
@@ -190,8 +192,9 @@ def _from_gguf(path: Path) -> Tokenizer:
             special[f"{name}_token"] = tokens[i]
     eos_id = meta.get("tokenizer.ggml.eos_token_id")
     extra = [meta["tokenizer.ggml.eot_token_id"]] if "tokenizer.ggml.eot_token_id" in meta else []
-    template = _checked_template(meta.get("tokenizer.chat_template"), f"{path}: metadata tokenizer.chat_template")
-    return Tokenizer(HFBackend(gguf_tokenizer.build(meta, path)), template, special, eos_id, extra)
+    where = f"{path}: metadata tokenizer.chat_template"
+    template = _checked_template(meta.get("tokenizer.chat_template"), where)
+    return Tokenizer(HFBackend(gguf_tokenizer.build(meta, path)), template, special, eos_id, extra, where)
 
 
 def _checked_template(template: Any, where: str) -> str | None:
@@ -263,4 +266,4 @@ def _from_dir(path: Path) -> Tokenizer:
     generation = _read_json(path / "generation_config.json")
     eos = generation.get("eos_token_id")
     extra = [e for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int)]
-    return Tokenizer(backend, template, special, None, extra)
+    return Tokenizer(backend, template, special, None, extra, where)
