@@ -104,7 +104,7 @@ def assemble(config: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], d
         if name.endswith(INV_FREQ) or (name == "lm_head.weight" and config.tie_embeddings):
             continue  # recomputed, or the same tensor as embed_tokens
         prefix = name.rpartition(".")[0]
-        if name.endswith(".qweight") and prefix in linears:
+        if name.endswith((".qweight", ".qzeros", ".scales")) and prefix in linears:  # shards may hold any first
             int4 = _swap_in_int4(*linears.pop(prefix), prefix, group_size, dtype, source)
             expected.pop(f"{prefix}.weight")
             expected.pop(f"{prefix}.bias", None)
