@@ -92,7 +92,8 @@ def lines(results: dict[str, Any]) -> list[str]:
                    f"{s['done']}; median turn {s['median_turn_s']:.2f} s")
     if "inputs" in results:
         i = results["inputs"]
-        out.append(f"broken inputs: {i['clear']}/{i['cases']} got a one-line error naming file and field")
+        out.append(f"broken inputs: {i['clear']}/{i['cases']} got a one-line error naming file and field "
+                   f"(the unbroken control model answers: {i['control_ok']})")
         for f in i["failures"]:
             out.append(f"  FAIL {f['case']}: {f['why']}: {f['stderr_tail']}")
     if "params" in results:
@@ -258,21 +259,30 @@ def params_check(engine, trials: int, seed: int, say: Callable[[str], None]) -> 
 
 def inputs_check(args: argparse.Namespace, root: Path, say: Callable[[str], None]) -> dict[str, Any]:
     cases = broken_inputs(root)
+    # the control: the model every case breaks one thing of answers (so each error comes from that thing)
+    control = subprocess.run(_generate_cmd(root / "good"), capture_output=True, text=True, timeout=args.case_timeout,
+                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    say(f"inputs: control (unbroken) model: exit {control.returncode}")
     failures = []
     for name, ref, expected in cases:
         why, tail = _run_case(ref, expected, args.case_timeout)
         say(f"inputs: {name}: {'ok' if why is None else 'FAIL ' + why}")
         if why is not None:
             failures.append({"case": name, "why": why, "stderr_tail": tail})
-    return {"cases": len(cases), "clear": len(cases) - len(failures), "failures": failures}
+    return {"cases": len(cases), "clear": len(cases) - len(failures), "failures": failures,
+            "control_ok": control.returncode == 0}
 
 
 FIX_WORDS = ("re-download", "download", "fix", "use ", "pass ", "delete", "pick", "move", "free", "run ")
 
 
+def _generate_cmd(ref: Path) -> list[str]:
+    return [sys.executable, "-m", "parley.app.cli", "generate", "hi", "--model", str(ref), "--quant", "none",
+            "--max-new-tokens", "2", "--temperature", "0"]
+
+
 def _run_case(ref: Path, expected: list[str], timeout: float) -> tuple[str | None, str]:
-    cmd = [sys.executable, "-m", "parley.app.cli", "generate", "hi", "--model", str(ref), "--quant", "none",
-           "--max-new-tokens", "2", "--temperature", "0"]
+    cmd = _generate_cmd(ref)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
