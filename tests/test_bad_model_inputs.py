@@ -226,3 +226,17 @@ def test_damaged_gguf_metadata_names_the_key(tmp_path, attr, value, message):
     with pytest.raises(ModelLoadError, match=message) as err:
         load_model(resolve(str(path)))
     assert "bad.gguf" in str(err.value) and "re-download" in str(err.value)
+
+
+@pytest.mark.parametrize(("field", "value"), [("intermediate_size", 10**13), ("num_attention_heads", 0),
+                                              ("hidden_size", "64")])
+def test_generate_prints_one_line_for_a_damaged_config(tiny_dir, tmp_path, capsys, field, value):
+    from parley.app.cli import main
+
+    d = copy_dir(tiny_dir, tmp_path / "cfg")
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, field: value}))
+    for quant in ("none", "awq"):  # awq: refused before any quantization starts
+        assert main(["generate", "hi", "--model", str(d), "--quant", quant]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("parley: error:") and field in err, err
