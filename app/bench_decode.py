@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 
+from .bench_harness import peak_memory
 from .bench_random import RANDOM_SHAPES
 
 PROMPT = ("Write a detailed, friendly explanation of how rainbows form, covering refraction, reflection "
@@ -171,7 +172,6 @@ def memory_at(args: argparse.Namespace, quant: str, kv: str, tokens: int) -> dic
 
 def run(args: argparse.Namespace) -> int:
     from ..engine.threads import configure_threads
-    from .peak_memory import peak_memory
 
     threads = configure_threads(args.threads)
     depths = [int(d) for d in args.depths.split(",") if d.strip()]

@@ -2,10 +2,11 @@
 
 The text is `assets/heldout/` (not in the calibration corpus), cut into chunks of --chunk tokens; each
 chunk is scored on its second half only, so every scored token has at least half a chunk of context.
-RTN and AWQ use the same group size. By default (`--kernels reference`) each INT4 linear is dequantized
-once to the fp32 matrix the reference kernel would multiply by, so the figures measure the quantization
-alone (and the run takes minutes, not an hour of per-call dequantization); `--kernels auto` runs the
-device's fast INT4 path instead.
+The models are loaded by `Engine.load` (on the CPU, in fp32), as the app loads them; RTN is
+`rtn_quantize` of the fp32 model, with the same group size as AWQ. By default (`--kernels reference`)
+each INT4 linear is dequantized once to the fp32 matrix the reference kernel would multiply by and the
+output head is floating point, so the figures measure the quantization alone (and the run takes minutes,
+not an hour of per-call dequantization); `--kernels auto` scores the models exactly as the engine runs them.
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ import argparse
 import copy
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
 
-from .peak_memory import peak_memory
+from .bench_harness import add_json_argument, emit, table
 
 HELDOUT_DIR = Path(__file__).resolve().parents[1] / "assets" / "heldout"
 
@@ -37,8 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=None, help="AWQ calibration samples")
     parser.add_argument("--seq-len", type=int, default=None, help="AWQ calibration tokens per sample")
     parser.add_argument("--kernels", choices=("reference", "auto"), default="reference",
-                        help="INT4 matmul path (default: reference, exact)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+                        help="reference (default): INT4 weights dequantized exactly once, fp output head -- the "
+                             "quantization alone; auto: the models as the engine runs them (its kernels, int8 head)")
+    add_json_argument(parser)
 
 
 def perplexity(model, chunks) -> float:
@@ -80,25 +81,48 @@ def dequantized(model):
     return model
 
 
+def fp_head(model, folder: Path) -> None:
+    """Put the exact floating-point output head back where the engine installed its int8 fast head: the
+    embedding when tied, else the folder's own `lm_head.weight`."""
+    import torch
+    from torch import nn
+
+    from ..models.loading import safetensors_weights
+    from ..models.quantize.head import FastHead
+
+    if not isinstance(model.lm_head, FastHead):
+        return
+    weight = model.embed_tokens.weight
+    if not model.config.tie_embeddings:
+        weight = next(t for name, t in safetensors_weights(folder) if name == "lm_head.weight").to(weight.dtype)
+    head = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        head.weight.copy_(weight)
+    model.lm_head = head
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.kernels == "reference":
-        os.environ["PARLEY_KERNELS"] = "reference"
     import logging
 
     import torch
 
-    from ..models.loading import load_model
-    from ..models.quantize.awq import model_group_size, rtn_quantize
+    from ..engine.engine import Engine
+    from ..models.quantize.awq import rtn_quantize
     from ..models.quantize.cache import ensure_quantized
     from ..models.resolve import resolve
-    from ..models.tokenizer import load_tokenizer
     from .cli import print_progress
     from .cli_quantize import _calib
 
     logging.basicConfig(level=logging.WARNING, format="parley: %(message)s", stream=sys.stderr)
     say = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
+    reference = args.kernels == "reference"
+    # The AWQ folder first, with this bench's calibration settings; Engine.load then finds it in the cache.
     files = resolve(args.model, progress=print_progress)
-    tok = load_tokenizer(files)
+    awq_files = ensure_quantized(files, group_size=args.group_size, calib=_calib(args.calib),
+                                 n_samples=args.samples, seq_len=args.seq_len, progress=print_progress)
+    manifest = json.loads((awq_files.path / "manifest.json").read_text())
+    fp = Engine.load(args.model, quant="none", device="cpu")
+    tok = fp.tokenizer
     texts = [Path(p) for p in args.text] if args.text else sorted(HELDOUT_DIR.glob("*.txt"))
     ids = []
     for f in texts:
@@ -113,16 +137,14 @@ def run(args: argparse.Namespace) -> int:
         f"{n * (args.chunk - args.chunk // 2)} scored")
 
     results: dict[str, dict] = {}
-    fp = load_model(files, dtype=torch.float32)
-    group = model_group_size(fp, args.group_size)
     t0 = time.monotonic()
-    results["fp32"] = {"ppl": perplexity(fp, chunks), "seconds": time.monotonic() - t0}
+    results["fp32"] = {"ppl": perplexity(fp.model, chunks), "seconds": time.monotonic() - t0}
     say(f"fp32        ppl {results['fp32']['ppl']:.3f}")
 
-    rtn = copy.deepcopy(fp)
+    rtn = copy.deepcopy(fp.model)
     del fp
-    rtn_quantize(rtn, group)
-    if args.kernels == "reference":
+    group = rtn_quantize(rtn, args.group_size)
+    if reference:
         dequantized(rtn)
     t0 = time.monotonic()
     results["rtn_int4"] = {"ppl": perplexity(rtn, chunks), "seconds": time.monotonic() - t0, "group_size": group}
@@ -130,16 +152,16 @@ def run(args: argparse.Namespace) -> int:
     say(f"RTN  g{group:<4}  ppl {results['rtn_int4']['ppl']:.3f}")
 
     t0 = time.monotonic()
-    awq_files = ensure_quantized(files, group_size=args.group_size, calib=_calib(args.calib),
-                                 n_samples=args.samples, seq_len=args.seq_len, progress=print_progress)
-    manifest = json.loads((awq_files.path / "manifest.json").read_text())
-    awq = load_model(awq_files, dtype=torch.float32)
-    if args.kernels == "reference":
-        dequantized(awq)
+    awq = Engine.load(str(awq_files.path), quant="none", device="cpu").model  # the folder as the engine runs it
     load_s = time.monotonic() - t0
+    head = "int8 (the engine's fast head)"
+    if reference:
+        dequantized(awq)
+        fp_head(awq, awq_files.path)
+        head = "fp"
     t0 = time.monotonic()
     results["awq_int4"] = {"ppl": perplexity(awq, chunks), "seconds": time.monotonic() - t0,
-                           "group_size": manifest["settings"]["group_size_used"],
+                           "group_size": manifest["settings"]["group_size_used"], "head": head,
                            "quantize_s": manifest["timing"]["quantize_s"], "cache_load_s": load_s,
                            "calibration": manifest["calibration"], "folder": str(awq_files.path)}
     say(f"AWQ  g{group:<4}  ppl {results['awq_int4']['ppl']:.3f}")
@@ -150,14 +172,13 @@ def run(args: argparse.Namespace) -> int:
     summary = {
         "bench": "quality", "model": files.ref, "text": [t.name for t in texts], "chunk": args.chunk,
         "chunks": n, "scored_tokens": n * (args.chunk - args.chunk // 2), "group_size": group,
-        "kernels": args.kernels, "results": results, **peak_memory(),
+        "kernels": args.kernels, "results": results,
     }
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        say(f"\n{'model':<10} {'ppl':>8} {'vs fp32':>9}")
-        for name, r in results.items():
-            say(f"{name:<10} {r['ppl']:>8.3f} {100 * r['vs_fp32']:>+8.1f}%")
-        say(f"group size {group}; AWQ calibration: {manifest['calibration']}; "
-            f"quantized in {manifest['timing']['quantize_s']} s; peak RSS {summary['peak_rss_mb']:.0f} MB")
-    return 0
+
+    def lines(summary: dict) -> list[str]:
+        rows = [(name, f"{r['ppl']:.3f}", f"{100 * r['vs_fp32']:+.1f}%") for name, r in results.items()]
+        return ["", *table(("model", "ppl", "vs fp32"), rows),
+                f"group size {group}; AWQ calibration: {manifest['calibration']}; "
+                f"quantized in {manifest['timing']['quantize_s']} s"]
+
+    return emit(summary, args.json, lines)

@@ -11,13 +11,10 @@ of the target against the number of tokens it verifies is printed too: it is wha
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from importlib import resources
 
-import torch
-
-from .peak_memory import peak_memory
+from .bench_harness import add_json_argument, emit, median_run
 
 CHAT_PROMPT = "Give me three tips for keeping a sourdough starter healthy, with a sentence on why each works."
 SUMMARY_PROMPT = "Write a detailed summary of the following document, section by section.\n\n"
@@ -37,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="decode exactly --new-tokens tokens (stop tokens do not end a reply)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--device", default=None)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_argument(p)
 
 
 def document() -> str:
@@ -77,17 +74,25 @@ def scenario(engine, messages: list[dict], drafts: dict, args: argparse.Namespac
             engine.draft = draft
             runs[name].append(one_reply(engine, messages, mode, args.new_tokens, args.draft_tokens))
     engine.draft = None
-    out = {name: sorted(rs, key=lambda r: r["tok_s"])[len(rs) // 2] for name, rs in runs.items()}
+    out = {name: median_run(rs, "tok_s") for name, rs in runs.items()}
     for name, r in out.items():
         if name != "plain" and out["plain"]["tok_s"] > 0:
             r["vs_plain"] = round(r["tok_s"] / out["plain"]["tok_s"], 3)
     return out
 
 
-@torch.inference_mode()
 def pass_cost(engine, context: list[int], repeats: int = 5) -> dict[str, dict[str, float]]:
     """Milliseconds (min of runs) of one target forward over T tokens placed after `context`, and of
     the output projection alone over T rows: what a verification pass of T - 1 guesses costs."""
+    import torch
+
+    with torch.inference_mode():
+        return _pass_cost(engine, context, repeats)
+
+
+def _pass_cost(engine, context: list[int], repeats: int) -> dict[str, dict[str, float]]:
+    import torch
+
     engine.reset_cache()
     engine.prefill(context)
     model = engine.model
@@ -108,6 +113,8 @@ def pass_cost(engine, context: list[int], repeats: int = 5) -> dict[str, dict[st
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from ..engine.engine import Engine
     from ..engine.speculative import load_draft
     from ..models.resolve import resolve
@@ -133,27 +140,25 @@ def run(args: argparse.Namespace) -> int:
     for key, messages in (("summarise", summarise), ("free_chat", chat)):
         results[key] = scenario(engine, messages, drafts, args)
     results["target_cost_by_tokens"] = pass_cost(engine, engine.tokenizer.encode_chat(summarise))
-    results.update(peak_memory())
+    return emit(results, args.json, lambda results: lines(results, args))
 
-    if args.json:
-        print(json.dumps(results))
-        return 0
-    print(f"model: {results['model']} ({results['quantization']})  threads: {results['threads']}  "
-          f"temperature 0, {args.new_tokens} new tokens, draft length <= {args.draft_tokens}, "
-          f"median of {args.repeats}")
+
+def lines(results: dict, args: argparse.Namespace) -> list[str]:
+    out = [f"model: {results['model']} ({results['quantization']})  threads: {results['threads']}  "
+           f"temperature 0, {args.new_tokens} new tokens, draft length <= {args.draft_tokens}, "
+           f"median of {args.repeats}"]
     for key, title in (("summarise", f"(a) summarise a {results['document_tokens']}-token pasted document"),
                        ("free_chat", "(b) free chat")):
-        print(title)
+        out.append(title)
         for mode, r in results[key].items():
             vs = f"  {r['vs_plain']:.2f}x plain" if "vs_plain" in r else ""
-            print(f"  {mode:<16} {r['tok_s']:6.2f} tok/s{vs:<14}  accepted {r['accepted']}/{r['proposed']} "
-                  f"({r['acceptance']:.0%})  {r['tokens_per_pass']:.2f} tokens/pass  "
-                  f"{r['new_tokens']} tokens  ttft {r['ttft_s']:.1f}s")
+            out.append(f"  {mode:<16} {r['tok_s']:6.2f} tok/s{vs:<14}  accepted {r['accepted']}/{r['proposed']} "
+                       f"({r['acceptance']:.0%})  {r['tokens_per_pass']:.2f} tokens/pass  "
+                       f"{r['new_tokens']} tokens  ttft {r['ttft_s']:.1f}s")
     cost = results["target_cost_by_tokens"]
     one = cost["pass_ms"]["1"]
-    print("target pass over T tokens at the document's depth: " + "  ".join(
+    out.append("target pass over T tokens at the document's depth: " + "  ".join(
         f"T={t}: {ms:.0f} ms ({ms / one:.2f}x)" for t, ms in cost["pass_ms"].items()))
-    print("  of which the output projection: " + "  ".join(f"T={t}: {ms:.1f} ms" for t, ms in cost["head_ms"].items()))
-    print(f"peak RSS {results['peak_rss_mb']} MB" + (f", peak GPU {results['peak_gpu_mb']} MB"
-                                                      if "peak_gpu_mb" in results else ""))
-    return 0
+    out.append("  of which the output projection: " + "  ".join(
+        f"T={t}: {ms:.1f} ms" for t, ms in cost["head_ms"].items()))
+    return out

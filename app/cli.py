@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import ast
+import errno
 import importlib
+import importlib.util
 import json
 import os
 import sys
 import threading
+from pathlib import Path
 
 # Subcommands implemented in their own modules (`add_arguments(parser)`, `run(args) -> int`).
 BENCHES = {
     "decode": "bench_decode",
+    "faults": "bench_faults",
     "kernels": "bench_kernels",
     "quality": "bench_quality",
     "speculative": "bench_speculative",
@@ -20,6 +25,16 @@ BENCHES = {
 
 def _module(name: str):
     return importlib.import_module(f"parley.app.{name}")
+
+
+def _summary(name: str) -> str:
+    """A module's first docstring line, read without importing it (benches import torch)."""
+    spec = importlib.util.find_spec(f"parley.app.{name}")
+    try:
+        doc = ast.get_docstring(ast.parse(Path(spec.origin).read_text(encoding="utf-8"))) if spec else None
+    except (OSError, SyntaxError, ValueError):
+        doc = None
+    return (doc or "").strip().splitlines()[0] if doc else ""
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -207,11 +222,17 @@ def connect_remote(args: argparse.Namespace, progress=print_progress):
 # -- the parser ------------------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; of the subcommands in their own modules, only the one `argv` runs is imported (all of
+    them when `argv` is None), so `parley --help` stays free of torch."""
     parser = argparse.ArgumentParser(prog="parley", description=__doc__)
     sub = parser.add_subparsers(dest="command")
+    commands = {"chat": "tui", "quantize": "cli_quantize", "web": "web", "serve": "serve"}
+    wanted = None if argv is None else commands.get(argv[0] if argv else "")
+    if argv is not None and len(argv) > 1 and argv[0] == "bench":
+        wanted = BENCHES.get(argv[1])
 
-    add_module_command(sub, "chat", "tui", "open the chat app (the default)")
+    add_module_command(sub, "chat", "tui", "open the chat app (the default)", load=argv is None or wanted == "tui")
 
     gen = sub.add_parser("generate", help="answer one prompt headlessly, streaming to stdout")
     gen.add_argument("prompt", nargs="?", default=None,
@@ -224,17 +245,23 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_arguments(gen)
     add_remote_arguments(gen)  # remote (issue 11)
 
-    add_module_command(sub, "web", "web", "serve the chat app in a browser (127.0.0.1)")
-    add_module_command(sub, "quantize", "cli_quantize", "AWQ-quantize a model into the Parley cache")
-    add_module_command(sub, "serve", "serve", "serve the local engine as an OpenAI-compatible HTTP API")
-    bench = sub.add_parser("bench", help="print speed / quality figures")
+    add_module_command(sub, "web", "web", "serve the chat app in a browser (127.0.0.1)",
+                       load=argv is None or wanted == "web")
+    add_module_command(sub, "quantize", "cli_quantize", "AWQ-quantize a model into the Parley cache",
+                       load=argv is None or wanted == "cli_quantize")
+    add_module_command(sub, "serve", "serve", "serve the local engine as an OpenAI-compatible HTTP API",
+                       load=argv is None or wanted == "serve")
+    bench = sub.add_parser("bench", help="print speed / quality / reliability figures")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     for name, module in BENCHES.items():
-        add_module_command(bench_sub, name, module)
+        add_module_command(bench_sub, name, module, load=argv is None or wanted == module)
     return parser
 
 
-def add_module_command(sub, name: str, module: str, help: str | None = None) -> None:
+def add_module_command(sub, name: str, module: str, help: str | None = None, load: bool = True) -> None:
+    if not load:  # listed with its summary; imported only when it runs
+        sub.add_parser(name, help=help or _summary(module))
+        return
     try:
         mod = _module(module)
     except ImportError as e:  # a command whose optional dependency is missing stays listed, with why
@@ -245,13 +272,38 @@ def add_module_command(sub, name: str, module: str, help: str | None = None) -> 
     p.set_defaults(module=mod)
 
 
+def device_problem(name: str | None) -> str | None:
+    """Why `--device name` cannot be used on this machine, or None."""
+    if not name:
+        return None
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        return f"--device {name}: not a device PyTorch knows; use cpu or cuda"
+    if device.type not in ("cpu", "cuda"):
+        return f"--device {name}: Parley runs on cpu or cuda, not {device.type}"
+    if device.type == "cuda" and not torch.cuda.is_available():
+        build = "has no CUDA support" if torch.version.cuda is None else "sees no CUDA GPU"
+        return f"--device {name}: this PyTorch build {build}; use --device cpu"
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        return f"--device {name}: there are {torch.cuda.device_count()} CUDA device(s); use cuda:0"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; bad input, Ctrl-C, a full disk and an unusable device end in one line, not a traceback."""
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["chat", *argv]
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
+        problem = device_problem(getattr(args, "device", None))
+        if problem:
+            print(f"parley: error: {problem}", file=sys.stderr)
+            return 2
         if args.command == "generate":
             return cmd_generate(args)
         if args.command in ("chat", "web", "quantize", "bench", "serve"):
@@ -261,6 +313,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # bad input: the message names the value and the fix
         print(f"parley: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("parley: interrupted (nothing half-written is kept)", file=sys.stderr)
+        return 130
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f" writing {e.filename}" if e.filename else ""
+        print(f"parley: error: the disk is full{where}; free some space and run again", file=sys.stderr)
+        return 1
     parser.print_help()
     return 0
 

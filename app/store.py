@@ -1,20 +1,26 @@
 """Conversation history in SQLite: one small module, numbered migrations keyed by `PRAGMA user_version`.
 
 Writes are a few rows per turn, so plain `sqlite3` on the UI thread is fast enough (milliseconds);
-the model never runs here.
+the model never runs here. History is a convenience, never a dependency: a database that cannot be
+written or read leaves the app chatting, with `Store.problem` saying why (see `Store`).
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import sqlite3
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 
 DATA_DIR_ENV = "PARLEY_DATA_DIR"
+log = logging.getLogger("parley.store")
 
 # Migration N (1-based) brings the schema from version N-1 to N. Append, never edit a shipped one.
 MIGRATIONS: list[str] = [
@@ -68,99 +74,139 @@ class StoredMessage:
 
 
 class Store:
-    """The app's persistent state. Open once; all methods commit before returning."""
+    """The app's persistent state. Open once; all methods commit before returning, and none raises.
 
-    def __init__(self, path: Path | None = None) -> None:
-        if path is None:
-            path = data_dir() / "parley.db"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self._db = sqlite3.connect(path, check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA foreign_keys = ON")
-        self.migrate()
+    The store degrades instead of taking the app down: when the database is locked by another program,
+    read-only, on a full disk, damaged, or cannot be opened, `problem` says in one line where it is and
+    what is wrong, reads return what can be read, and writes wait in memory (with provisional negative
+    ids) and are retried, in order, on each later write or `retry()`. Chatting never depends on it.
+    """
+
+    def __init__(self, path: Path | None = None, timeout: float = 0.25) -> None:
+        self.path = path if path is not None else data_dir() / "parley.db"
+        self.problem: str | None = None  # None while healthy; else one line: where the database is, what is wrong
+        self._timeout = timeout  # the UI thread writes: a locked database must not freeze it for long
+        self._db: sqlite3.Connection | None = None
+        self._pending: list[_Write] = []  # writes not yet saved, oldest first
+        self._ids: dict[int, int] = {}  # provisional id -> its id in the database, once saved
+        self._next_provisional = -1
+        self._open()
 
     @property
     def version(self) -> int:
-        return self._db.execute("PRAGMA user_version").fetchone()[0]
+        return self._read(lambda db: db.execute("PRAGMA user_version").fetchone()[0], 0)
+
+    @property
+    def unsaved(self) -> int:
+        """How many writes are waiting in memory for the database to come back."""
+        return len(self._pending)
 
     def migrate(self) -> None:
         """Apply the migrations this database has not seen, each in its own transaction."""
-        for number in range(self.version + 1, len(MIGRATIONS) + 1):
+        assert self._db is not None
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        for number in range(version + 1, len(MIGRATIONS) + 1):
             # executescript commits first, so BEGIN/COMMIT make migration and version bump one transaction
             self._db.executescript(f"BEGIN; {MIGRATIONS[number - 1]} PRAGMA user_version = {number}; COMMIT;")
 
     def close(self) -> None:
-        self._db.close()
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def retry(self) -> bool:
+        """Try to save what waits in memory; True when nothing is left unsaved."""
+        self._flush()
+        return not self._pending
 
     # conversations
     def create_conversation(self, title: str = "New chat", system_prompt: str = "") -> Conversation:
         now = time.time()
-        with self._db:
-            cur = self._db.execute(
+
+        def write(db: sqlite3.Connection) -> int:
+            return db.execute(
                 "INSERT INTO conversations (title, system_prompt, created_at, updated_at) VALUES (?, ?, ?, ?)",
                 (title, system_prompt, now, now),
-            )
-        return Conversation(cur.lastrowid, title, system_prompt, now, now)
+            ).lastrowid
+
+        record = Conversation(0, title, system_prompt, now, now)
+        cid = self._write(write, record)
+        return Conversation(cid, title, system_prompt, now, now)
 
     def conversation(self, conversation_id: int) -> Conversation | None:
-        row = self._db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+        for w in self._pending:
+            if isinstance(w.record, Conversation) and w.provisional == conversation_id:
+                return replace(w.record, id=conversation_id)
+        real = self._real(conversation_id)
+        row = self._read(lambda db: db.execute("SELECT * FROM conversations WHERE id = ?", (real,)).fetchone(), None)
         return Conversation(**dict(row)) if row else None
 
     def conversations(self) -> list[Conversation]:
-        """Most recently used first."""
-        rows = self._db.execute("SELECT * FROM conversations ORDER BY updated_at DESC, id DESC").fetchall()
-        return [Conversation(**dict(r)) for r in rows]
+        """Most recently used first; those not saved yet first of all."""
+        rows = self._read(
+            lambda db: db.execute("SELECT * FROM conversations ORDER BY updated_at DESC, id DESC").fetchall(), [])
+        unsaved = [replace(w.record, id=w.provisional) for w in reversed(self._pending)
+                   if isinstance(w.record, Conversation) and w.provisional is not None]
+        return unsaved + [Conversation(**dict(r)) for r in rows]
 
     def rename(self, conversation_id: int, title: str) -> None:
-        with self._db:
-            self._db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
+        self._write(lambda db: db.execute("UPDATE conversations SET title = ? WHERE id = ?",
+                                          (title, self._real(conversation_id))))
 
     def set_system_prompt(self, conversation_id: int, system_prompt: str) -> None:
-        with self._db:
-            self._db.execute(
-                "UPDATE conversations SET system_prompt = ?, updated_at = ? WHERE id = ?",
-                (system_prompt, time.time(), conversation_id),
-            )
+        now = time.time()
+        self._write(lambda db: db.execute("UPDATE conversations SET system_prompt = ?, updated_at = ? WHERE id = ?",
+                                          (system_prompt, now, self._real(conversation_id))))
 
     def delete(self, conversation_id: int) -> None:
-        with self._db:
-            self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+        self._write(lambda db: db.execute("DELETE FROM conversations WHERE id = ?", (self._real(conversation_id),)))
 
     # messages
     def add_message(self, conversation_id: int, role: str, content: str, attachment: str | None = None) -> int:
+        """The message's id: its row id, or a provisional negative id while it waits in memory."""
         now = time.time()
-        with self._db:
-            cur = self._db.execute(
+
+        def write(db: sqlite3.Connection) -> int:
+            cid = self._real(conversation_id)
+            rowid = db.execute(
                 "INSERT INTO messages (conversation_id, role, content, attachment, created_at) VALUES (?, ?, ?, ?, ?)",
-                (conversation_id, role, content, attachment, now),
-            )
-            self._db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
-        return cur.lastrowid
+                (cid, role, content, attachment, now),
+            ).lastrowid
+            db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, cid))
+            return rowid
+
+        record = (conversation_id, StoredMessage(0, role, content, attachment, now))
+        return self._write(write, record)
 
     def messages(self, conversation_id: int) -> list[StoredMessage]:
-        rows = self._db.execute(
-            "SELECT id, role, content, attachment, created_at FROM messages WHERE conversation_id = ? ORDER BY id",
-            (conversation_id,),
-        ).fetchall()
-        return [StoredMessage(**dict(r)) for r in rows]
+        """The conversation's messages; [] (and `problem` set) when it cannot be read, e.g. a damaged page."""
+        real = self._real(conversation_id)
+        rows = []
+        if real > 0:
+            rows = self._read(lambda db: db.execute(
+                "SELECT id, role, content, attachment, created_at FROM messages WHERE conversation_id = ? ORDER BY id",
+                (real,),
+            ).fetchall(), [], f"conversation {conversation_id} could not be read and was skipped")
+        unsaved = [replace(w.record[1], id=w.provisional) for w in self._pending
+                   if isinstance(w.record, tuple) and self._real(w.record[0]) == real]
+        return [StoredMessage(**dict(r)) for r in rows] + unsaved
 
     def delete_message(self, message_id: int) -> None:
-        with self._db:
-            self._db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+        self._write(lambda db: db.execute("DELETE FROM messages WHERE id = ?", (self._real(message_id),)))
 
     # settings
     def get_setting(self, key: str, default: str | None = None) -> str | None:
-        row = self._db.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
+        for w in reversed(self._pending):
+            if isinstance(w.record, Setting) and w.record.key == key:
+                return w.record.value
+        row = self._read(lambda db: db.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone(), None)
         return row[0] if row else default
 
     def set_setting(self, key: str, value: str) -> None:
-        with self._db:
-            self._db.execute(
-                "INSERT INTO settings (key, value) VALUES (?, ?) "
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (key, value),
-            )
+        self._write(lambda db: db.execute(
+            "INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        ), Setting(key, value))
 
     # export
     def export_markdown(self, conversation_id: int) -> str:
@@ -177,6 +223,94 @@ class Store:
                 parts.append(f"<details><summary>Pasted document</summary>\n\n{m.attachment}\n\n</details>\n")
             parts.append(f"{m.content}\n")
         return "\n".join(parts)
+
+    # the degraded mode
+    def _open(self) -> bool:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, timeout=self._timeout, check_same_thread=False)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA foreign_keys = ON")
+            self.migrate()
+            return True
+        except (sqlite3.Error, OSError) as e:
+            self.close()
+            self._failed(e)
+            return False
+
+    def _real(self, some_id: int) -> int:
+        return self._ids.get(some_id, some_id)
+
+    def _read(self, query: Callable[[sqlite3.Connection], Any], default: Any, what: str | None = None) -> Any:
+        if self._db is None and not self._open():
+            return default
+        assert self._db is not None
+        try:
+            return query(self._db)
+        except (sqlite3.Error, OSError) as e:
+            self._failed(e, what)
+            return default
+
+    def _write(self, write: Callable[[sqlite3.Connection], Any], record: Any = None) -> int:
+        """Queue `write` behind any unsaved ones and try to save them all; the provisional id, or its row id."""
+        provisional = None
+        if isinstance(record, (Conversation, tuple)):
+            provisional = self._next_provisional
+            self._next_provisional -= 1
+        self._pending.append(_Write(write, provisional, record))
+        self._flush()
+        return self._real(provisional) if provisional is not None else 0
+
+    def _flush(self) -> None:
+        if not self._pending or (self._db is None and not self._open()):
+            return
+        assert self._db is not None
+        while self._pending:
+            w = self._pending[0]
+            try:
+                with self._db:
+                    rowid = w.write(self._db)
+            except sqlite3.IntegrityError:  # e.g. a message of a conversation deleted meanwhile: nothing to keep
+                rowid = None
+            except (sqlite3.Error, OSError) as e:
+                self._failed(e)
+                return
+            if w.provisional is not None and rowid is not None:
+                self._ids[w.provisional] = rowid
+            self._pending.pop(0)
+        self.problem = None
+
+    def _failed(self, error: Exception, what: str | None = None) -> None:
+        text = str(error).lower()
+        if "locked" in text or "busy" in text:
+            why = "locked by another program (another Parley?)"
+        elif "readonly" in text or "read-only" in text:
+            why = "read-only"
+        elif "full" in text or getattr(error, "errno", None) == errno.ENOSPC:
+            why = "on a full disk"
+        elif "not a database" in text or "malformed" in text or "corrupt" in text:
+            why = "damaged (move it away to start a new history)"
+        else:
+            why = f"unusable ({error})"
+        saved = "replies still work; unsaved messages are kept in memory and saved when it can be written"
+        self.problem = f"{what}: {self.path} is {why}" if what else \
+            f"conversation history {self.path} is {why}; {saved}"
+        log.warning("%s", self.problem)
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    value: str
+
+
+@dataclass
+class _Write:
+    """A write waiting to be saved: `write(db)` returns the new row id, if it makes one."""
+
+    write: Callable[[sqlite3.Connection], Any]
+    provisional: int | None  # the negative id handed out for the row it makes
+    record: Any  # what reads show until it is saved: a Conversation, (conversation id, StoredMessage), a Setting
 
 
 def compose_user_content(text: str, attachment: str | None) -> str:

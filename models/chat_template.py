@@ -4,20 +4,95 @@ Templates come from downloaded files, so they are untrusted code: they run in an
 `ImmutableSandboxedEnvironment` (no attribute access to internals, no mutation of our objects) and
 see only plain data. The globals and filters are the ones transformers provides, since templates
 are written against those (`raise_exception`, `strftime_now`, a `tojson` that keeps non-ASCII).
+
+Rendering is also bounded: the source size, the output size, the time, and string/list repetition are
+capped, and a `cancel` event stops it. Jinja has no hook per loop step, so every `for` loop's iterable is
+wrapped (at parse time) in a generator that checks the budget; calls and attribute reads check it too.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
 import jinja2
 import jinja2.ext
+from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .errors import ModelLoadError
+
+MAX_SOURCE = 1 << 20  # characters of template source (real ones are a few kB, tool-use ones ~50 kB)
+MAX_OUTPUT = 1 << 24  # characters rendered: far beyond any context window
+TIME_LIMIT_S = 10.0  # real templates render in milliseconds
+
+
+class RenderCancelled(Exception):
+    """The caller's cancel event was set while the template rendered (not the template's fault)."""
+
+
+class _Budget(threading.local):
+    """The limits of the render in progress on this thread (templates are compiled once, shared)."""
+
+    deadline = float("inf")
+    cancel: threading.Event | None = None
+
+    def check(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise RenderCancelled("cancelled while rendering the chat template")
+        if time.monotonic() > self.deadline:
+            raise jinja2.exceptions.TemplateRuntimeError(
+                f"rendering took longer than {TIME_LIMIT_S:g} s (a loop that does not end?)")
+
+
+_budget = _Budget()
+
+
+def _bounded(iterable: Iterable[Any]) -> Iterator[Any]:
+    for item in iterable:
+        _budget.check()
+        yield item
+
+
+class BoundedSandbox(ImmutableSandboxedEnvironment):
+    """The immutable sandbox, with every loop step, call and attribute read checking the render's budget."""
+
+    intercepted_binops = frozenset({"*", "**", "+"})
+
+    def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
+        tree = super()._parse(source, name, filename)
+        for loop in list(tree.find_all(nodes.For)):
+            loop.iter = nodes.Call(nodes.Name("_parley_bounded", "load"), [loop.iter], [], None, None,
+                                   lineno=loop.lineno)
+        return tree
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (jinja's signature)
+        _budget.check()
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        _budget.check()
+        return super().getattr(obj, attribute)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        _budget.check()
+        return super().getitem(obj, argument)
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        _budget.check()
+        if operator == "**" and isinstance(right, (int, float)) and abs(right) > 64:
+            raise jinja2.exceptions.SecurityError(f"exponent {right} is too large for a chat template")
+        if operator == "*" and isinstance(right, int) and isinstance(left, (str, list, tuple)) or \
+                operator == "*" and isinstance(left, int) and isinstance(right, (str, list, tuple)):
+            count, seq = (right, left) if isinstance(right, int) else (left, right)
+            if count * len(seq) > MAX_OUTPUT:
+                raise jinja2.exceptions.SecurityError("a repetition larger than a chat template can output")
+        return super().call_binop(context, operator, left, right)
 
 # For a model that ships no template (a base model): ChatML, the most common instruct format.
 FALLBACK_TEMPLATE = (
@@ -41,15 +116,22 @@ def _strftime_now(fmt: str) -> str:
 
 @lru_cache(maxsize=8)
 def compile_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    if len(source) > MAX_SOURCE:
+        raise ModelLoadError(
+            f"the model's chat template is {len(source)} characters, more than the {MAX_SOURCE} Parley accepts; "
+            "fix chat_template in tokenizer_config.json (or the GGUF) or use another model"
+        )
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    env.globals["_parley_bounded"] = _bounded
     try:
         return env.from_string(source)
-    except jinja2.TemplateSyntaxError as e:
+    except (jinja2.TemplateSyntaxError, RecursionError, MemoryError) as e:
         raise ModelLoadError(
-            f"the model's chat template does not parse ({e}); fix chat_template or use another model"
+            f"the model's chat template does not parse ({type(e).__name__}: {e}); fix chat_template or use "
+            "another model"
         ) from None
 
 
@@ -62,12 +144,30 @@ def pick_template(value: Any) -> str | None:
 
 
 def render(source: str, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-           special_tokens: dict[str, str] | None = None) -> str:
-    """The prompt text for `messages`. Messages are copied to plain dicts of plain values first."""
+           special_tokens: dict[str, str] | None = None, cancel: threading.Event | None = None,
+           time_limit_s: float = TIME_LIMIT_S, origin: str = "the model's chat template") -> str:
+    """The prompt text for `messages`. Messages are copied to plain dicts of plain values first.
+
+    A ValueError naming `origin` (where the template came from) when the template fails or exceeds its
+    bounds; RenderCancelled when `cancel` is set.
+    """
     plain = [{str(k): v for k, v in dict(m).items()} for m in messages]
+    template = compile_template(source)
+    _budget.deadline, _budget.cancel = time.monotonic() + time_limit_s, cancel
+    parts, size = [], 0
     try:
-        return compile_template(source).render(
-            messages=plain, add_generation_prompt=add_generation_prompt, **(special_tokens or {})
-        )
+        for chunk in template.generate(messages=plain, add_generation_prompt=add_generation_prompt,
+                                       **(special_tokens or {})):
+            _budget.check()
+            size += len(chunk)
+            if size > MAX_OUTPUT:
+                raise jinja2.exceptions.TemplateRuntimeError(f"it rendered more than {MAX_OUTPUT} characters")
+            parts.append(chunk)
+    except RenderCancelled:
+        raise
     except Exception as e:  # the template is foreign code: any failure in it is the template's
-        raise ValueError(f"the model's chat template rejected these messages: {type(e).__name__}: {e}") from None
+        raise ValueError(f"{origin}: the chat template rejected these messages ({type(e).__name__}: {e}); fix "
+                         "the template or use another model") from None
+    finally:
+        _budget.deadline, _budget.cancel = float("inf"), None
+    return "".join(parts)

@@ -3,15 +3,55 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import ModelLoadError
+
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+ROPE_TYPES = ("default", "linear", "llama3")  # what transformer.rope_frequencies implements
+
+# Sane upper bounds, checked before anything is built: a damaged or hostile config must fail with a
+# message, not by trying to allocate terabytes or building ten million layers. Each is far above any
+# released model of the families Parley runs.
+LIMITS = {
+    "vocab_size": 1 << 22,  # 4M tokens (largest released: ~256k)
+    "hidden_size": 1 << 16,
+    "intermediate_size": 1 << 18,
+    "num_hidden_layers": 1024,
+    "num_attention_heads": 1024,
+    "num_key_value_heads": 1024,
+    "head_dim": 4096,
+    "max_position_embeddings": 1 << 24,  # 16M positions
+}
 
 
-class ConfigError(ValueError):
-    """A model's configuration that Parley cannot run; the message says which file and what to do."""
+class ConfigError(ModelLoadError):
+    """A model's configuration that Parley cannot run; the message says which file, which field and what to do."""
+
+
+def _whole(value: Any, name: str, source: str, limit: int) -> int:
+    """`value` as a size in [1, limit], or a ConfigError naming the field."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+        raise ConfigError(
+            f"{source}: {name} is {value!r}; expected a whole number from 1 to {limit}. The config is damaged "
+            "or not a model config: re-download the model, or fix that field"
+        )
+    return value
+
+
+def _positive(value: Any, name: str, source: str) -> float:
+    """`value` as a finite positive float, or a ConfigError naming the field."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(
+            f"{source}: {name} is {value!r}; expected a positive number. The config is damaged: re-download the "
+            "model, or fix that field"
+        )
+    return float(value)
 
 
 @dataclass
@@ -34,45 +74,81 @@ class ModelConfig:
     quantization: dict[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
+        if self.n_heads <= 0 or self.n_kv_heads <= 0:
+            raise ConfigError(f"n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}: both must be positive")
         if self.head_dim == 0:
             self.head_dim = self.dim // self.n_heads
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        if self.head_dim <= 0 or self.head_dim % 2:
+            raise ConfigError(f"head_dim={self.head_dim}: rotary embeddings need a positive, even head size")
 
     @classmethod
-    def from_hf(cls, cfg: dict[str, Any], source: str = "config.json") -> ModelConfig:
+    def from_hf(cls, cfg: Any, source: str = "config.json") -> ModelConfig:
+        """From a parsed `config.json`; every size is checked against LIMITS first, naming the field at fault."""
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"{source}: expected a JSON object of settings, found a {type(cfg).__name__}; "
+                              "the file is damaged or not a model config: re-download the model")
         arch = cfg.get("model_type", "")
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ConfigError(
                 f"{source}: model_type {arch!r} is not supported; Parley runs "
                 f"{', '.join(SUPPORTED_ARCHITECTURES)}. Pick a model of one of those families."
             )
-        n_heads = cfg["num_attention_heads"]
+
+        def size(name: str, default: Any = None) -> int:
+            value = cfg.get(name)
+            if value is None:
+                if default is None:
+                    raise ConfigError(f"{source}: {name} is missing; the config is incomplete, re-download the model")
+                value = default
+            return _whole(value, name, source, LIMITS[name])
+
+        dim = size("hidden_size")
+        n_heads = size("num_attention_heads")
+        n_kv_heads = size("num_key_value_heads", n_heads)
+        if n_heads % n_kv_heads:
+            raise ConfigError(f"{source}: num_attention_heads ({n_heads}) is not a multiple of num_key_value_heads "
+                              f"({n_kv_heads}); the config is damaged, re-download the model")
         rope_scaling = cfg.get("rope_scaling") or None
         rope_theta = cfg.get("rope_theta")
         # transformers 5 moved rope settings into `rope_parameters`.
         rope_params = cfg.get("rope_parameters") or {}
+        if not isinstance(rope_params, dict) or (rope_scaling is not None and not isinstance(rope_scaling, dict)):
+            raise ConfigError(f"{source}: rope_scaling / rope_parameters must be JSON objects; fix or re-download "
+                              "the config")
         if rope_theta is None:
             rope_theta = rope_params.get("rope_theta", 10000.0)
         if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
             rope_scaling = rope_params
+        if rope_scaling is not None:
+            kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+            if kind not in ROPE_TYPES:
+                raise ConfigError(f"{source}: rope_scaling type {kind!r} is not supported ({', '.join(ROPE_TYPES)} "
+                                  "are); use a model of another configuration")
+            if kind != "default":
+                _positive(rope_scaling.get("factor"), "rope_scaling.factor", source)
+        quantization = cfg.get("quantization_config")
+        if quantization is not None and not isinstance(quantization, dict):
+            raise ConfigError(f"{source}: quantization_config must be a JSON object, found "
+                              f"{type(quantization).__name__}; fix or re-download the config")
         return cls(
             arch=arch,
-            vocab_size=cfg["vocab_size"],
-            dim=cfg["hidden_size"],
-            n_layers=cfg["num_hidden_layers"],
+            vocab_size=size("vocab_size"),
+            dim=dim,
+            n_layers=size("num_hidden_layers"),
             n_heads=n_heads,
-            n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
-            intermediate_size=cfg["intermediate_size"],
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // n_heads,
-            norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope_theta),
+            n_kv_heads=n_kv_heads,
+            intermediate_size=size("intermediate_size"),
+            head_dim=size("head_dim", max(dim // n_heads, 1)),
+            norm_eps=_positive(cfg.get("rms_norm_eps", 1e-6), "rms_norm_eps", source),
+            rope_theta=_positive(rope_theta, "rope_theta", source),
             rope_scaling=rope_scaling,
-            max_seq_len=cfg.get("max_position_embeddings", 4096),
+            max_seq_len=size("max_position_embeddings", 4096),
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
             qk_norm=arch == "qwen3",
-            quantization=cfg.get("quantization_config"),
+            quantization=quantization,
         )
 
     @classmethod
@@ -82,8 +158,10 @@ class ModelConfig:
             cfg = json.loads(path.read_text())
         except FileNotFoundError:
             raise ConfigError(f"{path}: no config.json; a model directory needs one") from None
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"{path}: not valid JSON ({e}); re-download the model") from None
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot be read ({e.strerror}); check its permissions") from None
         return cls.from_hf(cfg, source=str(path))
 
     @classmethod
@@ -112,26 +190,38 @@ class ModelConfig:
                 raise ConfigError(f"{path}: metadata {arch}.{key} is missing; the file is incomplete, re-download it")
             return value
 
-        n_heads = int(get("attention.head_count"))
-        dim = int(get("embedding_length"))
+        def size(key: str, limit_of: str, default: Any = None) -> int:
+            value = get(key, default)
+            if isinstance(value, list) and value and key == "feed_forward_length":
+                value = max(value)  # per-layer sizes; all equal in the families Parley runs
+            return _whole(value, f"metadata {arch}.{key}", str(path), LIMITS[limit_of])
+
+        n_heads = size("attention.head_count", "num_attention_heads")
+        dim = size("embedding_length", "hidden_size")
         # the embedding's rows are the truth: some converters pad the vocabulary beyond the token list
-        vocab = shapes.get("token_embd.weight", (meta.get(f"{arch}.vocab_size") or 0,))[0]
+        vocab = shapes.get("token_embd.weight", (meta.get(f"{arch}.vocab_size"),))[0]
         rope_scaling = None
         if meta.get(f"{arch}.rope.scaling.type") == "linear":
-            rope_scaling = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
+            rope_scaling = {"rope_type": "linear",
+                            "factor": _positive(get("rope.scaling.factor"), f"{arch}.rope.scaling.factor", str(path))}
+        n_kv_heads = size("attention.head_count_kv", "num_key_value_heads", n_heads)
+        if n_heads % n_kv_heads:
+            raise ConfigError(f"{path}: metadata {arch}.attention.head_count ({n_heads}) is not a multiple of "
+                              f"{arch}.attention.head_count_kv ({n_kv_heads}); the file is damaged, re-download it")
         return cls(
             arch=arch,
-            vocab_size=int(vocab),
+            vocab_size=_whole(vocab, "the vocabulary size (token_embd.weight rows)", str(path), LIMITS["vocab_size"]),
             dim=dim,
-            n_layers=int(get("block_count")),
+            n_layers=size("block_count", "num_hidden_layers"),
             n_heads=n_heads,
-            n_kv_heads=int(get("attention.head_count_kv", n_heads)),
-            intermediate_size=int(get("feed_forward_length")),
-            head_dim=int(get("attention.key_length", dim // n_heads)),
-            norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-            rope_theta=float(get("rope.freq_base", 10000.0)),
+            n_kv_heads=n_kv_heads,
+            intermediate_size=size("feed_forward_length", "intermediate_size"),
+            head_dim=size("attention.key_length", "head_dim", max(dim // n_heads, 1)),
+            norm_eps=_positive(get("attention.layer_norm_rms_epsilon", 1e-6),
+                               f"metadata {arch}.attention.layer_norm_rms_epsilon", str(path)),
+            rope_theta=_positive(get("rope.freq_base", 10000.0), f"metadata {arch}.rope.freq_base", str(path)),
             rope_scaling=rope_scaling,
-            max_seq_len=int(get("context_length", 4096)),
+            max_seq_len=size("context_length", "max_position_embeddings", 4096),
             tie_embeddings="output.weight" not in names,
             qkv_bias="blk.0.attn_q.bias" in names,
             qk_norm="blk.0.attn_q_norm.weight" in names,

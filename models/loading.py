@@ -1,7 +1,11 @@
-"""Weights onto a Transformer: safetensors (one file or shards) or GGUF (dequantized), nothing else.
+"""Weights onto a Transformer, from every source Parley reads: safetensors (one file or shards), GGUF
+(dequantized) and AWQ folders (INT4 linears). Nothing else: never pickle.
 
-Checkpoint names map onto ours by dropping `model.`; every tensor is checked against the shape the
-config implies, so a wrong or damaged file fails here, by name, and not as garbage text later.
+One assembler serves all three. Checkpoint names map onto ours by dropping `model.`; every tensor is
+checked against the shape the config implies before anything is allocated, so a wrong or damaged file
+fails here, by name, and not as garbage text later. Rotary frequencies come from the config, divided by
+GGUF's `rope_freqs` (llama3-style scaling) when the file has them; an AWQ folder written from such a
+model stores the resulting frequencies as `model.rotary_emb.inv_freq`, which transformers and vLLM skip.
 """
 
 from __future__ import annotations
@@ -12,44 +16,49 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .config import ConfigError, ModelConfig
+from .config import ModelConfig
 from .errors import ModelLoadError
 from .resolve import ModelFiles, weight_files
 from .transformer import Transformer, rope_frequencies
 
+INV_FREQ = "rotary_emb.inv_freq"  # our name (after `model.`) for stored rotary frequencies
+
 
 def load_config(files: ModelFiles) -> ModelConfig:
-    """The model's config, from config.json or the GGUF metadata."""
-    try:
-        if files.kind == "gguf":
-            from .gguf_weights import open_gguf
+    """The model's config, from config.json or the GGUF metadata (a ModelLoadError naming the field)."""
+    if files.kind == "gguf":
+        from .gguf_weights import open_gguf
 
-            return ModelConfig.from_gguf(open_gguf(files.path))
-        return ModelConfig.from_json(files.path / "config.json")
-    except ConfigError as e:
-        raise ModelLoadError(str(e)) from None
+        return ModelConfig.from_gguf(open_gguf(files.path))
+    return ModelConfig.from_json(files.path / "config.json")
 
 
 def load_model(files: ModelFiles, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu") -> Transformer:
-    """The model in eval mode, its weights in `dtype` on `device`."""
-    if files.kind == "gguf":
-        return _load_gguf(files.path, dtype, device)
-    config = load_config(files)
-    if (config.quantization or {}).get("quant_method") == "awq":
-        from .quantize.checkpoint import load_awq_model
+    """The model in eval mode, its weights in `dtype` on `device` (INT4 scales stay fp16)."""
+    from .quantize.checkpoint import awq_group_size_of, is_awq
 
-        return load_awq_model(files.path, config, dtype, device)
-    if config.quantization:
+    if files.kind == "gguf":
+        from .gguf_weights import iter_weights, open_gguf
+
+        file = open_gguf(files.path)
+        config = ModelConfig.from_gguf(file)
+        weights = iter_weights(file, config.arch, config.n_heads, config.n_kv_heads)
+        return assemble(config, weights, dtype, device, str(files.path))
+    config = load_config(files)
+    group_size = None
+    if is_awq(config.quantization):
+        group_size = awq_group_size_of(config.quantization, str(files.path / "config.json"))
+    elif config.quantization:
         method = config.quantization.get("quant_method")
         raise ModelLoadError(
             f"{files.path / 'config.json'}: quantization {method!r} is not supported; use the unquantized "
             "model (Parley quantizes it to AWQ itself) or an AWQ checkpoint"
         )
-    return _assemble(config, _safetensors_weights(files.path, device), dtype, device, str(files.path))
+    return assemble(config, safetensors_weights(files.path, device), dtype, device, str(files.path), group_size)
 
 
-def _safetensors_weights(path: Path, device: torch.device | str) -> Iterator[tuple[str, torch.Tensor]]:
+def safetensors_weights(path: Path, device: torch.device | str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
     """(our name, tensor) for every tensor of every shard, read straight onto `device`."""
     for name in weight_files(path):
         file = path / name
@@ -68,54 +77,106 @@ def _safetensors_weights(path: Path, device: torch.device | str) -> Iterator[tup
             ) from None
 
 
-def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device | str) -> Transformer:
-    from .gguf_weights import iter_weights, open_gguf
+@torch.no_grad()
+def assemble(config: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype,
+             device: torch.device | str, source: str, group_size: int | None = None) -> Transformer:
+    """Build the model on the meta device (nothing allocated), then place each checkpoint tensor into it.
 
-    file = open_gguf(path)
+    `group_size` set: an AWQ checkpoint. Each decoder linear whose `qweight` the checkpoint holds becomes
+    an Int4Linear; linears stored unquantized (`modules_to_not_convert`) stay nn.Linear.
+    """
     try:
-        config = ModelConfig.from_gguf(file)
-    except ConfigError as e:
-        raise ModelLoadError(str(e)) from None
-    weights = iter_weights(file, config.arch, config.n_heads, config.n_kv_heads)
-    return _assemble(config, weights, dtype, device, str(path))
-
-
-def _assemble(config: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype,
-              device: torch.device | str, source: str) -> Transformer:
-    """Build the model without allocating random weights, then place each checkpoint tensor into it."""
-    with torch.device("meta"):
-        model = Transformer(config)
-    expected = {name: p.shape for name, p in model.named_parameters()}  # tied lm_head appears once
-    loaded: dict[str, torch.Tensor] = {}
-    rope_freqs = None
+        with torch.device("meta"):
+            model = Transformer(config)
+    except ValueError as e:  # e.g. a rope scaling the model does not implement
+        raise ModelLoadError(f"{source}: {e}; use a model of a supported configuration") from None
+    expected = _shapes(model, config)
+    linears = _decoder_linears(model) if group_size is not None else {}
+    placed: dict[str, torch.Tensor] = {}
+    rope_freqs = inv_freq = None
     for name, tensor in weights:
         if name == "rope_freqs":
             rope_freqs = tensor
             continue
-        if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and config.tie_embeddings):
+        if name == INV_FREQ:
+            inv_freq = tensor
+            continue
+        if name.endswith(INV_FREQ) or (name == "lm_head.weight" and config.tie_embeddings):
             continue  # recomputed, or the same tensor as embed_tokens
+        prefix = name.rpartition(".")[0]
+        if name.endswith((".qweight", ".qzeros", ".scales")) and prefix in linears:  # shards may hold any first
+            int4 = _swap_in_int4(*linears.pop(prefix), prefix, group_size, dtype, source)
+            expected.pop(f"{prefix}.weight")
+            expected.pop(f"{prefix}.bias", None)
+            expected.update({f"{prefix}.{k}": t.shape for k, t in int4.state_dict().items()})
         if name not in expected:
             raise ModelLoadError(
                 f"{source}: unexpected tensor {name!r} for a {config.arch} model; the weights do not match "
-                "config.json (a different architecture?)"
+                "the config (a different architecture?) -- use the model's own config.json or re-download it"
             )
         if tuple(tensor.shape) != tuple(expected[name]):
             raise ModelLoadError(
                 f"{source}: tensor {name} has shape {tuple(tensor.shape)}, the config implies "
-                f"{tuple(expected[name])}; the weights and config.json disagree, re-download the model"
+                f"{tuple(expected[name])}; the weights and the config disagree, re-download the model"
             )
-        loaded[name] = tensor.to(device=device, dtype=dtype)
-    missing = sorted(set(expected) - set(loaded))
+        if tensor.is_floating_point():  # INT4 scales stay fp16, as the kernels read them; packed ints as stored
+            tensor = tensor.to(torch.float16 if name.endswith(".scales") else dtype)
+        placed[name] = tensor.to(device)
+    missing = sorted(set(expected) - set(placed))
     if missing:
         raise ModelLoadError(
             f"{source}: {len(missing)} tensor(s) missing, e.g. {', '.join(missing[:3])}; "
             "the checkpoint is incomplete, re-download it"
         )
-    model.load_state_dict(loaded, strict=False, assign=True)
+    model.load_state_dict(placed, strict=False, assign=True)
     if config.tie_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    inv_freq = rope_frequencies(config)
+    model.inv_freq = _rotary_frequencies(config, rope_freqs, inv_freq, source).to(device)
+    return model.eval()
+
+
+def _shapes(model: Transformer, config: ModelConfig) -> dict[str, torch.Size]:
+    shapes = {name: t.shape for name, t in model.state_dict().items()}
+    if config.tie_embeddings:
+        shapes.pop("lm_head.weight", None)
+    return shapes
+
+
+def _decoder_linears(model: Transformer) -> dict[str, tuple[torch.nn.Module, str, torch.nn.Module]]:
+    """Our name of each decoder projection -> (parent, attribute, module), the places an INT4 linear can go."""
+    from .quantize.int4_linear import decoder_linears
+
+    names = {m: k for k, m in model.named_modules()}
+    return {names[lin]: (parent, attr, lin) for parent, attr, lin in decoder_linears(model)}
+
+
+def _swap_in_int4(parent: torch.nn.Module, attr: str, lin: torch.nn.Module, name: str, group_size: int,
+                  dtype: torch.dtype, source: str) -> torch.nn.Module:
+    from .quantize.int4_linear import Int4Linear
+
+    try:
+        int4 = Int4Linear(lin.in_features, lin.out_features, group_size, lin.bias is not None,
+                          device="meta", dtype=dtype)
+    except ValueError as e:
+        raise ModelLoadError(f"{source}: {name}: {e}; the AWQ checkpoint's group_size does not fit this "
+                             "model -- re-quantize it") from None
+    setattr(parent, attr, int4)
+    return int4
+
+
+def _rotary_frequencies(config: ModelConfig, rope_freqs: torch.Tensor | None, stored: torch.Tensor | None,
+                        source: str) -> torch.Tensor:
+    half = config.head_dim // 2
+    for name, t in (("rope_freqs", rope_freqs), (f"model.{INV_FREQ}", stored)):
+        if t is not None and tuple(t.shape) != (half,):
+            raise ModelLoadError(f"{source}: tensor {name} has shape {tuple(t.shape)}, the config implies "
+                                 f"({half},); the file is damaged, re-download it")
+    if stored is not None:
+        return stored.float()
+    try:
+        inv_freq = rope_frequencies(config)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ModelLoadError(f"{source}: rope_scaling: {e}; use a model with a supported rope scaling") from None
     if rope_freqs is not None:  # llama.cpp stores llama3-style scaling as divisors of each frequency
         inv_freq = inv_freq / rope_freqs.float()
-    model.inv_freq = inv_freq.to(device)
-    return model.eval()
+    return inv_freq

@@ -185,7 +185,8 @@ def check_model_dir(path: Path, hint: str | None = None) -> None:
                 f"{where}: weight file {name} is missing (an interrupted download?); run again to fetch it"
             )
     if not (path / "tokenizer.json").is_file() and not (path / "tokenizer.model").is_file():
-        raise ModelLoadError(f"{where}: no tokenizer.json or tokenizer.model; Parley needs one of them")
+        raise ModelLoadError(f"{where}: no tokenizer.json or tokenizer.model; Parley needs one of them -- "
+                             "re-download the model with its tokenizer")
 
 
 def weight_files(path: Path) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
@@ -130,9 +131,11 @@ class StreamDecoder:
 
 class Tokenizer:
     def __init__(self, backend: Backend, chat_template_source: str | None, special_tokens: dict[str, str],
-                 eos_id: int | None, extra_stop_ids: Iterable[int] = ()) -> None:
+                 eos_id: int | None, extra_stop_ids: Iterable[int] = (),
+                 template_origin: str = "the model's chat template") -> None:
         self.backend = backend
         self.chat_template = chat_template_source or chat_template.FALLBACK_TEMPLATE
+        self.template_origin = template_origin  # named in rendering errors: the file the template came from
         self.has_chat_template = chat_template_source is not None
         self.special_tokens = special_tokens  # bos_token, eos_token, ... as the template sees them
         self._vocab = backend.vocab()
@@ -155,11 +158,15 @@ class Tokenizer:
     def vocab(self) -> dict[str, int]:
         return dict(self._vocab)
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        return chat_template.render(self.chat_template, messages, add_generation_prompt, self.special_tokens)
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    cancel: threading.Event | None = None) -> str:
+        """The prompt text; ValueError from a failing or runaway template, RenderCancelled once `cancel` is set."""
+        return chat_template.render(self.chat_template, messages, add_generation_prompt, self.special_tokens,
+                                    cancel, origin=self.template_origin)
 
-    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        return self.encode(self.render_chat(messages, add_generation_prompt))
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    cancel: threading.Event | None = None) -> list[int]:
+        return self.encode(self.render_chat(messages, add_generation_prompt, cancel))
 
     def stream(self, skip_special_tokens: bool = True) -> StreamDecoder:
         return StreamDecoder(self, skip_special_tokens)
@@ -185,8 +192,23 @@ def _from_gguf(path: Path) -> Tokenizer:
             special[f"{name}_token"] = tokens[i]
     eos_id = meta.get("tokenizer.ggml.eos_token_id")
     extra = [meta["tokenizer.ggml.eot_token_id"]] if "tokenizer.ggml.eot_token_id" in meta else []
-    return Tokenizer(HFBackend(gguf_tokenizer.build(meta, path)), meta.get("tokenizer.chat_template"),
-                     special, eos_id, extra)
+    where = f"{path}: metadata tokenizer.chat_template"
+    template = _checked_template(meta.get("tokenizer.chat_template"), where)
+    return Tokenizer(HFBackend(gguf_tokenizer.build(meta, path)), template, special, eos_id, extra, where)
+
+
+def _checked_template(template: Any, where: str) -> str | None:
+    """The chat template, compiled once now so a broken or oversized one fails at load, naming its file."""
+    if template is None:
+        return None
+    if not isinstance(template, str):
+        raise ModelLoadError(f"{where}: the chat template is a {type(template).__name__}, not text; fix it or "
+                             "re-download the model")
+    try:
+        chat_template.compile_template(template)
+    except ModelLoadError as e:
+        raise ModelLoadError(f"{where}: {e}") from None
+    return template
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -233,9 +255,15 @@ def _from_dir(path: Path) -> Tokenizer:
     else:
         raise ModelLoadError(f"{path}: no tokenizer.json or tokenizer.model; Parley needs one of them")
     template = chat_template.pick_template(config.get("chat_template"))
+    where = f"{path / 'tokenizer_config.json'}: chat_template"
     if template is None and (path / "chat_template.jinja").is_file():
-        template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+        where = str(path / "chat_template.jinja")
+        try:
+            template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ModelLoadError(f"{where}: cannot be read ({e}); re-download the model") from None
+    template = _checked_template(template, where)
     generation = _read_json(path / "generation_config.json")
     eos = generation.get("eos_token_id")
     extra = [e for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int)]
-    return Tokenizer(backend, template, special, None, extra)
+    return Tokenizer(backend, template, special, None, extra, where)

@@ -1,6 +1,7 @@
 """Every way a model reference or file can be wrong ends in one ModelLoadError that names the culprit and the fix."""
 
 import json
+import struct
 
 import gguf
 import pytest
@@ -153,3 +154,89 @@ def test_broken_tokenizer_json(tiny_dir, tmp_path):
     (d / "tokenizer.json").write_text("{not json")
     with pytest.raises(ModelLoadError, match=r"tokenizer.json: cannot be read.*re-download"):
         load_tokenizer(resolve(str(d)))
+
+
+# Each damaged config.json: (field, what it is set to, what the message must name). Every one is refused
+# before anything is built: no absurd allocation, no ten-million-layer model, no ZeroDivisionError.
+BAD_CONFIGS = [
+    ("intermediate_size", 10**13, r"intermediate_size is 10000000000000; expected a whole number from 1 to"),
+    ("vocab_size", 10**12, r"vocab_size is 1000000000000; expected a whole number"),
+    ("max_position_embeddings", -5, r"max_position_embeddings is -5; expected a whole number"),
+    ("hidden_size", -64, r"hidden_size is -64; expected a whole number"),
+    ("hidden_size", 0, r"hidden_size is 0; expected a whole number"),
+    ("hidden_size", "64", r"hidden_size is '64'; expected a whole number"),
+    ("num_attention_heads", 0, r"num_attention_heads is 0; expected a whole number"),
+    ("num_key_value_heads", 0, r"num_key_value_heads is 0; expected a whole number"),
+    ("num_key_value_heads", 3, r"num_attention_heads \(4\) is not a multiple of num_key_value_heads \(3\)"),
+    ("num_hidden_layers", 10_000_000, r"num_hidden_layers is 10000000; expected a whole number from 1 to 1024"),
+    ("num_hidden_layers", [2], r"num_hidden_layers is \[2\]; expected a whole number"),
+    ("num_hidden_layers", True, r"num_hidden_layers is True; expected a whole number"),
+    ("rms_norm_eps", "tiny", r"rms_norm_eps is 'tiny'; expected a positive number"),
+    ("rope_theta", -1.0, r"rope_theta is -1.0; expected a positive number"),
+    ("vocab_size", None, r"vocab_size is missing"),
+    # sane sizes that the weights contradict: caught by shape, before any tensor is placed
+    ("vocab_size", 100_000, r"tensor (embed_tokens|lm_head).weight has shape \(259, 64\), the config implies "
+                              r"\(100000, 64\)"),
+    ("intermediate_size", 4096, r"has shape \(96, 64\), the config implies \(4096, 64\)"),
+    ("num_hidden_layers", 3, r"tensor\(s\) missing, e.g. layers.2"),
+    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, r"config.json: rope_scaling type 'yarn' is not supported"),
+    ("quantization_config", [1], r"quantization_config must be a JSON object"),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "message"), BAD_CONFIGS, ids=[f"{f}={v!r}"[:40] for f, v, _ in BAD_CONFIGS])
+def test_damaged_config_names_the_field(tiny_dir, tmp_path, field, value, message):
+    d = copy_dir(tiny_dir, tmp_path / "cfg")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg[field] = value
+    if value is None:
+        del cfg[field]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=message) as err:
+        load_model(resolve(str(d)))
+    assert str(d) in str(err.value)
+    assert "config.json" in str(err.value) or "re-download" in str(err.value)
+
+
+@pytest.mark.parametrize("content", ["[1, 2, 3]", '"llama"', "null", "{not json", "\xff\xfe"])
+def test_config_that_is_not_an_object(tiny_dir, tmp_path, content):
+    d = copy_dir(tiny_dir, tmp_path / "cfg")
+    (d / "config.json").write_bytes(content.encode("latin-1"))
+    with pytest.raises(ModelLoadError, match=r"config.json: (expected a JSON object of settings, found a|not valid "
+                                             r"JSON).*re-download"):
+        load_model(resolve(str(d)))
+
+
+@pytest.mark.parametrize(("attr", "value", "message"), [
+    ("max_position_embeddings", 0, r"metadata llama.context_length is 0; expected a whole number"),
+    ("num_attention_heads", 0, r"metadata llama.attention.head_count is 0"),
+    ("num_hidden_layers", 10_000_000, r"metadata llama.block_count is 10000000"),
+    ("intermediate_size", 4_000_000_000, r"metadata llama.feed_forward_length is 4000000000"),
+])
+def test_damaged_gguf_metadata_names_the_key(tmp_path, attr, value, message):
+    cfg = tiny_config("llama")
+    model = reference_model(cfg)
+    path = write_gguf(tmp_path / "bad.gguf", model, cfg)
+    key = {"max_position_embeddings": b"llama.context_length", "num_attention_heads": b"llama.attention.head_count",
+           "num_hidden_layers": b"llama.block_count", "intermediate_size": b"llama.feed_forward_length"}[attr]
+    old = key + struct.pack("<II", 4, getattr(model.config, attr))  # a UINT32 value
+    data = path.read_bytes()
+    assert data.count(old) == 1
+    path.write_bytes(data.replace(old, key + struct.pack("<II", 4, value)))
+    with pytest.raises(ModelLoadError, match=message) as err:
+        load_model(resolve(str(path)))
+    assert "bad.gguf" in str(err.value) and "re-download" in str(err.value)
+
+
+@pytest.mark.parametrize(("field", "value"), [("intermediate_size", 10**13), ("num_attention_heads", 0),
+                                              ("hidden_size", "64")])
+def test_generate_prints_one_line_for_a_damaged_config(tiny_dir, tmp_path, capsys, field, value):
+    from parley.app.cli import main
+
+    d = copy_dir(tiny_dir, tmp_path / "cfg")
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, field: value}))
+    for quant in ("none", "awq"):  # awq: refused before any quantization starts
+        assert main(["generate", "hi", "--model", str(d), "--quant", quant]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("parley: error:") and field in err, err

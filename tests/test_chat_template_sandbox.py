@@ -36,7 +36,7 @@ MESSAGES = [{"role": "user", "content": "héllo 😀"}]
 ])
 def test_escapes_and_mutation_are_refused(model_dir, template):
     tok = with_template(model_dir, template)
-    with pytest.raises(ValueError, match="chat template"):
+    with pytest.raises(ValueError, match=r"tokenizer_config.json: chat_template: the chat template rejected"):
         tok.render_chat(MESSAGES)
 
 
@@ -63,3 +63,71 @@ def test_no_template_falls_back_to_chatml(model_dir):
     tok = with_template(model_dir, None)
     assert not tok.has_chat_template
     assert tok.render_chat(MESSAGES) == "<|im_start|>user\nhéllo 😀<|im_end|>\n<|im_start|>assistant\n"
+
+
+RUNAWAY = [
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",  # 10^10 empty steps
+    "{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}{% endfor %}",  # 10^10 outputs
+    "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",  # unbounded recursion
+    "{{ 'x' * 10000000000 }}",  # a 10 GB string
+    "{{ (messages * 100000000) | length }}",
+    "{{ 7 ** 1000000000 }}",
+]
+
+
+@pytest.mark.parametrize("template", RUNAWAY)
+def test_runaway_templates_fail_instead_of_hanging(model_dir, template):
+    from parley.models import chat_template
+
+    tok = with_template(model_dir, template)
+    with pytest.raises(ValueError, match="chat template"):
+        chat_template.render(tok.chat_template, MESSAGES, time_limit_s=2.0)
+
+
+def test_output_is_capped(model_dir, monkeypatch):
+    from parley.models import chat_template
+
+    monkeypatch.setattr(chat_template, "MAX_OUTPUT", 10_000)
+    tok = with_template(model_dir, "{% for i in range(100000) %}{{ messages[0].content }}{% endfor %}")
+    with pytest.raises(ValueError, match="rendered more than 10000 characters"):
+        tok.render_chat(MESSAGES)
+
+
+def test_rendering_is_cancellable(model_dir):
+    """A cancel set from another thread stops a render that would otherwise run to its time limit."""
+    import threading
+
+    from parley.models import chat_template
+
+    tok = with_template(model_dir, RUNAWAY[0])
+    cancel, started = threading.Event(), threading.Event()
+    result = []
+
+    def render():
+        started.set()
+        try:
+            chat_template.render(tok.chat_template, MESSAGES, cancel=cancel, time_limit_s=600)
+        except BaseException as e:  # noqa: BLE001 (what the render ended with is the result)
+            result.append(e)
+
+    worker = threading.Thread(target=render)
+    worker.start()
+    started.wait(60)
+    cancel.set()
+    worker.join(60)
+    assert not worker.is_alive() and isinstance(result[0], chat_template.RenderCancelled)
+
+
+def test_oversized_template_fails_at_load_naming_the_file(model_dir):
+    from parley.models.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match=r"tokenizer_config.json: chat_template: the model's chat template is "
+                                             r"\d+ characters, more than"):
+        with_template(model_dir, "x" * (2 << 20))
+
+
+def test_unparsable_template_fails_at_load_naming_the_file(model_dir):
+    from parley.models.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match=r"tokenizer_config.json: chat_template: .*does not parse"):
+        with_template(model_dir, "{% for %}")

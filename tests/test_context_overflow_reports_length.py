@@ -8,9 +8,15 @@ from parley.engine.params import GenerationParams
 
 def test_prompt_larger_than_window():
     eng = tiny_engine(context_window=64)
-    events = list(eng.session().reply([{"role": "user", "content": "x" * 100}], GenerationParams()))
-    assert events == [events[-1]] and events[-1].reason == "length"
-    assert "64" in events[-1].detail and "100" not in events[-1].detail or "context window" in events[-1].detail
+    messages = [{"role": "user", "content": "x" * 100}]
+    prompt_tokens = len(eng.tokenizer.encode_chat(messages))
+    events = list(eng.session().reply(messages, GenerationParams()))
+    assert len(events) == 1 and isinstance(events[0], Done) and events[0].reason == "length"
+    detail = events[0].detail
+    # each fact on its own: how long the conversation is, what the window holds, and what to do
+    assert str(prompt_tokens) in detail, detail
+    assert "context window" in detail and "64" in detail, detail
+    assert "new chat" in detail.lower() or "shorten" in detail.lower(), detail
 
 
 def test_generation_stops_at_window_and_engine_stays_usable():

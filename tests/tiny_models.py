@@ -90,11 +90,13 @@ def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(path: Path, model, config: dict, override_type: dict | None = None) -> Path:
+def write_gguf(path: Path, model, config: dict, override_type: dict | None = None,
+               rope_freqs: torch.Tensor | None = None) -> Path:
     """`model` as llama.cpp's converter would write it (F32 tensors), with a byte-level tokenizer.
 
     `override_type` maps a GGUF tensor name to a GGMLQuantizationType to store it as raw bytes of that
-    type instead (to test types Parley cannot read).
+    type instead (to test types Parley cannot read). `rope_freqs`: the per-frequency divisors the converter
+    writes for llama3-style rope scaling.
     """
     import gguf
     import numpy as np
@@ -146,6 +148,8 @@ def write_gguf(path: Path, model, config: dict, override_type: dict | None = Non
             block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
             raw = np.zeros((*t.shape[:-1], t.shape[-1] // block * block_bytes), dtype=np.uint8)
             w.add_tensor(gname, raw, raw_dtype=qtype)
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", rope_freqs.float().numpy())
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

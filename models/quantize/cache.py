@@ -11,6 +11,7 @@ used: it is rebuilt, and the log says why.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import hashlib
 import json
 import logging
@@ -25,16 +26,19 @@ from typing import Any
 
 import torch
 
+from ..errors import ModelLoadError
 from ..progress import Progress, ProgressFn
 from ..resolve import ModelFiles
 from .awq import AWQSettings, awq_quantize
 from .calibration import calibration_key, load_calibration
-from .checkpoint import save_awq
+from .checkpoint import is_awq, save_awq
 
 log = logging.getLogger("parley.quantize")
 
 CACHE_ENV = "PARLEY_CACHE_DIR"
-FORMAT_VERSION = 2  # bump when the algorithm or the folder format changes: older folders stop matching
+# Bump when the algorithm or the folder format changes: older folders stop matching.
+# 3: the rotary frequencies of a GGUF's `rope_freqs` are stored in the folder.
+FORMAT_VERSION = 3
 MANIFEST = "manifest.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
                    "generation_config.json", "vocab.json", "merges.txt", "added_tokens.json")
@@ -135,7 +139,13 @@ def _pid_alive(pid: int) -> bool:
 
 
 def clean_stale(root: Path) -> None:
-    """Remove temporary build folders whose builder process is gone (killed or crashed)."""
+    """Remove temporary build folders whose builder process is gone (killed or crashed).
+
+    Called at the start of every `ensure_quantized`, so a killed build's leftovers (up to the model's
+    size) go on the next load, not only on the next build of the same settings.
+    """
+    if not root.is_dir():
+        return
     for p in root.glob(".tmp-*"):
         m = re.search(r"\.pid(\d+)\.", p.name)
         if m and not _pid_alive(int(m.group(1))):
@@ -170,9 +180,11 @@ def ensure_quantized(files: ModelFiles, *, group_size: int = 128, calib: str | l
 
     A source that already is an AWQ checkpoint is returned as it is.
     """
+    clean_stale(cache_root())
     if files.kind == "dir":
-        cfg = json.loads((Path(files.path) / "config.json").read_text())
-        if (cfg.get("quantization_config") or {}).get("quant_method") == "awq":
+        from ..loading import load_config
+
+        if is_awq(load_config(files).quantization):
             return files
     device = torch.device(device) if device is not None else torch.device(
         "cuda" if torch.cuda.is_available() else "cpu")
@@ -191,11 +203,18 @@ def ensure_quantized(files: ModelFiles, *, group_size: int = 128, calib: str | l
         log.warning("cached AWQ model %s is not usable: %s; rebuilding it", folder, why)
         if progress:
             progress(Progress("quantize", 0, 0, "layer", f"cached model unusable ({why}); rebuilding"))
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale(folder.parent)
-    if progress:  # said before the slow part, so a caller can carry on with something else meanwhile
-        progress(Progress("quantize", 0, 0, "layer", "starting AWQ quantization"))
-    build(files, key, folder, calib, progress, device)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        if progress:  # said before the slow part, so a caller can carry on with something else meanwhile
+            progress(Progress("quantize", 0, 0, "layer", "starting AWQ quantization"))
+        build(files, key, folder, calib, progress, device)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+            raise
+        raise ModelLoadError(
+            f"{folder.parent}: cannot write the quantized model ({e.strerror}); free some space or make it "
+            f"writable, or set {CACHE_ENV} to a folder on another disk (nothing partial was kept)"
+        ) from None
     return result
 
 

@@ -1,8 +1,8 @@
 """`Int4Linear`: a drop-in for nn.Linear holding AutoAWQ GEMM tensors, the module swap of the INT4 model.
 
-The model code never knows it is quantized: `swap_linears` replaces the decoder layers' linears (the
-output head and embeddings stay in floating point, as AutoAWQ leaves them) and the forward calls the
-kernels, which own speed.
+The model code never knows it is quantized: AWQ (`awq.py`) and the loader (`loading.assemble`) put these
+in place of the decoder layers' linears (the output head and embeddings stay in floating point, as AutoAWQ
+leaves them) and the forward calls the kernels, which own speed.
 """
 
 from __future__ import annotations
@@ -41,9 +41,10 @@ class Int4Linear(nn.Module):
         self._prepared: Any = None  # the kernels' repacked form, built on first use
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group_size: int, max_abs: Bounds | None = None) -> Int4Linear:
-        """Quantize an nn.Linear (its weight clipped per group to `max_abs` first, when given)."""
-        w = linear.weight.data
+    def from_linear(cls, linear: nn.Module, group_size: int, max_abs: Bounds | None = None) -> Int4Linear:
+        """Quantize an nn.Linear, or the engine's CPU TransposedLinear (its weight clipped per group to
+        `max_abs` first, when given)."""
+        w = linear.weight.data if hasattr(linear, "weight") else linear.weight_t.data.t()
         m = cls(linear.in_features, linear.out_features, group_size, linear.bias is not None,
                 device=w.device, dtype=w.dtype)
         m.qweight, m.qzeros, m.scales = quantize_weight(w, group_size, max_abs)
@@ -82,16 +83,3 @@ def decoder_linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
                 if hasattr(parent, name):
                     found.append((parent, name, getattr(parent, name)))
     return found
-
-
-def swap_linears(model: nn.Module, group_size: int) -> nn.Module:
-    """Replace the decoder layers' nn.Linear modules by empty Int4Linear ones of the same shape, in place.
-
-    For loading a checkpoint: the caller fills the buffers with `load_state_dict`.
-    """
-    for parent, name, lin in decoder_linears(model):
-        if isinstance(lin, nn.Linear):
-            w = lin.weight
-            setattr(parent, name, Int4Linear(lin.in_features, lin.out_features, group_size,
-                                             lin.bias is not None, device=w.device, dtype=w.dtype))
-    return model

@@ -1,0 +1,30 @@
+"""`parley bench quality --json` scores fp32, RTN and AWQ models loaded by the engine, on a tiny model
+(the plumbing, not the figures), and leaves the process's kernel choice alone."""
+
+import argparse
+import json
+import os
+
+from awq_tiny import outlier_model, write_hf_dir
+
+from parley.app import bench_quality
+
+
+def test_json_has_every_model(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("PARLEY_KERNELS", raising=False)
+    model = write_hf_dir(outlier_model(), tmp_path / "tiny")
+    text = tmp_path / "heldout.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    p = argparse.ArgumentParser()
+    bench_quality.add_arguments(p)
+    args = p.parse_args(["--model", str(model), "--text", str(text), "--chunk", "64", "--max-chunks", "2",
+                         "--group-size", "64", "--calib", "builtin", "--samples", "4", "--seq-len", "32", "--json"])
+    assert bench_quality.run(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["results"]) == {"fp32", "rtn_int4", "awq_int4"}
+    for r in out["results"].values():
+        assert r["ppl"] > 1
+    assert out["results"]["awq_int4"]["head"] == "fp"  # --kernels reference: the quantization alone
+    assert out["results"]["fp32"]["vs_fp32"] == 0 and out["chunks"] == 2 and out["peak_rss_mb"] > 0
+    assert "PARLEY_KERNELS" not in os.environ
