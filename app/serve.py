@@ -597,7 +597,8 @@ class _RawTokenizer:
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
 
-    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                    cancel=None) -> list[int]:
         return self._tokenizer.encode(messages[-1]["content"])
 
     def __getattr__(self, name: str) -> Any:

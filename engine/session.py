@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from ..models.chat_template import RenderCancelled
 from . import sampling
 from .events import Done, Event, Notice, Stats, TextDelta
 from .params import GenerationParams, checked
@@ -58,7 +59,11 @@ class Session:
             return
         if hasattr(eng, "set_kv_cache"):
             eng.set_kv_cache(params.kv_cache)  # a change made in the panel applies from this reply
-        ids = yield from self._prompt(messages, params)
+        try:  # rendering the chat template is bounded in time and stops when the reply is cancelled
+            ids = yield from self._prompt(messages, params, cancel)
+        except RenderCancelled:
+            yield Done("cancelled")
+            return
         if len(ids) >= target.max_len:
             yield Done("length", f"the conversation is {len(ids)} tokens; the context window holds "
                                  f"{target.max_len}. Start a new chat or shorten the message.")
@@ -126,7 +131,8 @@ class Session:
         figures.context_tokens = len(self.engine.target.ids) + pending
         return figures.stats()
 
-    def _prompt(self, messages: list[dict[str, str]], params: GenerationParams) -> Iterator[Event]:
+    def _prompt(self, messages: list[dict[str, str]], params: GenerationParams,
+                cancel: threading.Event | None = None) -> Iterator[Event]:
         """The prompt's token ids (the generator's return value), leaving out old turns when the
         conversation outgrows the window; says so by a Notice when that changes."""
         tokenizer, window = self.engine.tokenizer, self.engine.target.max_len
@@ -137,7 +143,7 @@ class Session:
             head = [{"role": "system", "content": self.system_prompt}]
         if self.left_out >= len(messages):  # a different, shorter conversation
             self.left_out = 0
-        ids = tokenizer.encode_chat(head + messages[self.left_out:])
+        ids = tokenizer.encode_chat(head + messages[self.left_out:], cancel=cancel)
         if len(ids) + min(params.max_new_tokens, window // 4) <= window:
             return ids
         n = self.left_out
@@ -145,7 +151,7 @@ class Session:
             n += 1
             while n < len(messages) - 1 and messages[n]["role"] != "user":  # start on a user turn
                 n += 1
-            ids = tokenizer.encode_chat(head + messages[n:])
+            ids = tokenizer.encode_chat(head + messages[n:], cancel=cancel)
         if n != self.left_out and len(ids) < window:
             self.left_out = n
             yield Notice(f"This conversation is longer than the context window ({window} tokens): the model "

@@ -19,7 +19,7 @@ class EndOfTurnTokenizer(ByteTokenizer):
     def __init__(self, stop: int) -> None:
         self.stop_ids = frozenset({stop})
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, str]], cancel=None) -> list[int]:
         (stop,) = self.stop_ids
         ids: list[int] = []
         for m in messages:

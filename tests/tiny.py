@@ -32,7 +32,7 @@ class ByteTokenizer:
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("latin-1")
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, str]], cancel=None) -> list[int]:
         ids: list[int] = []
         for m in messages:
             ids += [ASSISTANT if m["role"] == "assistant" else USER, *self.encode(m["content"]), EOS]
