@@ -60,6 +60,13 @@ else
   pip install -e .
 fi
 
+# The native CPU step (kernels/cpu_step.cpp), built now so that the first reply does not wait for it.
+if ! has_gpu; then
+  .venv/bin/python -c "from parley.kernels import native; native.build()" 2>/dev/null \
+    && echo "setup: built the native CPU step" \
+    || echo "setup: could not build the native CPU step (no C++ compiler?): Parley will use its slower PyTorch path"
+fi
+
 # One line on what was installed; on a GPU machine, a clear word when torch cannot use the GPU.
 .venv/bin/python - <<'PY'
 import importlib.metadata as md
