@@ -308,6 +308,10 @@ def awq_layer(block: nn.Module, x: Tensor, run: LayerRunner, settings: AWQSettin
         search_groups = scale_groups(work, {k: v.to(search_dtype) for k, v in feats.items()}, search_run)
     else:
         search_groups = groups
+    # o_proj has no scale group when v_proj's output is narrower (grouped-query attention): it is still
+    # quantized, with clipping searched on its own input, rather than left in floating point (it would be
+    # a third of the decode step's bytes on the embedded model).
+    loose = [] if any(block.self_attn.o_proj in g.linears for g in groups) else [(block.self_attn.o_proj, feats["o"])]
     del feats
     alphas = {}
     for group, search_group in zip(groups, search_groups, strict=True):
@@ -325,6 +329,9 @@ def awq_layer(block: nn.Module, x: Tensor, run: LayerRunner, settings: AWQSettin
             bound = search_clip(lin.weight.data, group.x, group_size, settings) if clip else None
             replace_module(block, lin, Int4Linear.from_linear(lin, group_size, bound))
         group.x = torch.empty(0)
+    for lin, x_in in loose:
+        bound = search_clip(lin.weight.data, x_in, group_size, settings) if settings.clip else None
+        replace_module(block, lin, Int4Linear.from_linear(lin, group_size, bound))
     return out, alphas
 
 

@@ -38,7 +38,7 @@ log = logging.getLogger("parley.quantize")
 CACHE_ENV = "PARLEY_CACHE_DIR"
 # Bump when the algorithm or the folder format changes: older folders stop matching.
 # 3: the rotary frequencies of a GGUF's `rope_freqs` are stored in the folder.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4  # 4: o_proj quantized under grouped-query attention too
 MANIFEST = "manifest.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
                    "generation_config.json", "vocab.json", "merges.txt", "added_tokens.json")
