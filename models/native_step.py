@@ -76,6 +76,10 @@ class NativeStep:
                                self._ptr(model.norm.weight), cos.data_ptr(), sin.data_ptr(), c.max_seq_len,
                                head, layers)
 
+    def __deepcopy__(self, memo: dict) -> None:
+        """A copied model gets no native step: this one points at the original's weights (re-`attach` the copy)."""
+        return None
+
     def _keep(self, t: Tensor) -> Tensor:
         self.keep.append(t)
         return t
