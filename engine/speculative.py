@@ -169,6 +169,10 @@ class DraftModel:
         shell.norm = target.norm
         shell.lm_head = target.lm_head
         shell.inv_freq = target.inv_freq
+        if target.native is not None:  # the draft runs on the native step too (its own packed copy)
+            from ..models.native_step import attach
+
+            attach(shell, head_bits=target.native.head_bits)
         kw.setdefault("name", f"self:{n_layers}")
         return cls(shell, tokenizer, tokenizer, vocab_size=target.config.vocab_size, **kw)
 

@@ -43,7 +43,8 @@ def test_logits_of_a_position_do_not_depend_on_the_pass(quant):
     rng = random.Random(SEED)
     cached = fresh(quant).target
     failures = []
-    for p in LENGTHS:
+    # every length on the default engine; the bucket edge on fp32 (the same native step, 4x the bytes)
+    for p in (LENGTHS if quant == "awq" else [255, 256, 257]):
         cached.rollback(0)  # a clean start: every earlier position's KV from prefill chunks
         cached.sync(ids[:p])
         want = cached.forward(ids[p : p + 1])[0]  # the reference: a 1-token pass after a prefill
