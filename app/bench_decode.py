@@ -1,4 +1,4 @@
-"""Decode and prefill speed against the machine's own limit: bytes read per token, GB/s, % of bandwidth.
+"""Decode and prefill speed against the machine's own limit: bytes read per token, GB/s and share of bandwidth.
 
 One run measures the machine's read bandwidth, then each engine variant (weights × KV cache type × path):
 prefill tokens/s, decode tokens/s at each requested depth, the bytes a decode token reads (weights + the

@@ -13,8 +13,9 @@ def test_random_weights_bench_prints_one_json_object():
     )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    assert set(report["engines"]) == {"none", "awq"}
+    assert set(report["engines"]) == {"none/native/kv=auto", "awq/native/kv=auto"}
     for r in report["engines"].values():
-        assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0
-    assert report["engines"]["awq"]["quantization"] == "rtn-int4"
-    assert report["peak_rss_mb"] > 0
+        assert r["decode"][0]["tok_s"] > 0 and r["prefill_tok_s"] > 0
+        assert r["decode"][0]["mb_per_token"] > 0 and 0 < r["decode"][0]["pct_of_bandwidth"]
+    assert report["engines"]["awq/native/kv=auto"]["quantization"] == "rtn-int4"
+    assert report["read_bandwidth_gbs"] > 0 and report["peak_rss_mb"] > 0

@@ -31,4 +31,4 @@ def test_out_of_range_sampling_parameter_is_a_clear_error():
         capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 2
-    assert "top_p=1.5 is out of range: expected in (0, 1]" in out.stderr
+    assert "top_p=1.5 is out of range: expected a number in (0, 1]" in out.stderr
