@@ -16,7 +16,8 @@ SETTINGS = dict(group_size=32, calib="builtin", n_samples=4, seq_len=32)
 
 
 @pytest.fixture
-def source(tmp_path):
+def source(tmp_path, monkeypatch):
+    monkeypatch.setenv("PARLEY_CACHE_DIR", str(tmp_path / "cache"))  # a cache of its own: other tests fill theirs
     return resolve(str(write_hf_dir(outlier_model(), tmp_path / "tiny")))
 
 

@@ -42,7 +42,7 @@ def test_connect_learns_the_server(served):
     assert (remote.kind, remote.model_name, remote.context_window) == ("parley", engine.model_name,
                                                                       engine.context_window)
     caps = remote.capabilities
-    assert caps.unsupported == {} and caps.live_params and caps.speculation
+    assert set(caps.unsupported) == {"kv_cache"} and caps.live_params and caps.speculation
 
 
 def test_reply_over_http_is_the_engines_reply(served):

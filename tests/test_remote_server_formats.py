@@ -74,7 +74,7 @@ def test_vllm():
         engine = RemoteEngine.connect(url, api_key="k")
         assert (engine.kind, engine.model_name, engine.context_window) == ("vllm", model, 32768)
         caps = engine.capabilities
-        assert caps.live_params and set(caps.unsupported) == {"speculation", "draft_tokens"}
+        assert caps.live_params and set(caps.unsupported) == {"speculation", "draft_tokens", "kv_cache"}
         params = GenerationParams(temperature=0.3, top_k=20, min_p=0.05, seed=7, max_new_tokens=6)
         events = run(engine, params, change=lambda p: setattr(p, "temperature", 0.9))
         assert text(events) == "Hel there!"
@@ -183,7 +183,7 @@ def test_any_other_openai_compatible_server():
         engine = RemoteEngine.connect(url)
         assert (engine.kind, engine.context_window) == ("openai", 4096)  # nothing said: the default
         caps = engine.capabilities
-        assert set(caps.unsupported) == {"top_k", "min_p", "speculation", "draft_tokens"}
+        assert set(caps.unsupported) == {"top_k", "min_p", "speculation", "draft_tokens", "kv_cache"}
         assert not caps.live_params
         events = run(engine, GenerationParams(top_k=5, min_p=0.1, seed=1))
         assert text(events) == "Ok" and events[-1] == Done("eos")
