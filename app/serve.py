@@ -169,8 +169,16 @@ class Handler(BaseHTTPRequestHandler):
             self._authorize()
             route()
         except RequestError as e:
-            if not self._body_read:  # its body is still in the socket: this connection cannot carry another
-                self.close_connection = True
+            if not self._body_read:  # its body is still in the socket: drain a small one, else close
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                except ValueError:
+                    length = -1
+                if 0 <= length <= 1 << 20:
+                    self.rfile.read(length)
+                    self._body_read = True
+                else:
+                    self.close_connection = True
             self._send_json({"error": {"message": str(e), "type": e.kind, "param": e.param, "code": None}},
                             e.status)
         except (BrokenPipeError, ConnectionResetError):
@@ -379,6 +387,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(payload)))
         if status == 429:
             self.send_header("Retry-After", "1")
+        if self.close_connection:  # say so, or a keep-alive client would send its next request into it
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(payload)
         self.wfile.flush()
