@@ -145,123 +145,148 @@ static inline float exp_scalar(float x) {  // the same polynomial, one lane: use
 // ---------------------------------------------------------------------------------------------------
 // activations quantized to int8 in blocks of 32, per position (what the integer dot products read)
 
-struct Act {
-    int K, G;
+struct Act {  // rows of K inputs; which K and group size a product reads is its own (Lin.K, Lin.group)
     int8_t* q;     // [M][K]
-    float* d;      // [M][K/64][16]: each 64-chunk's two block scales, each repeated over its 8 lanes
-    float* gsum;   // [M][K/G]: sum of the dequantized activations of each weight group
+    float* d;      // [M][K/32]: block scales
+    int32_t* xs;   // [M][K/32]: block sums of q (removes the +128 of the int8 head's stored weights)
+    float* gsum;   // [M][K/G]: sum of the dequantized activations of each weight group (for the zero points)
 };
 
-static void quantize_row(const float* x, int K, int G, int8_t* q, float* d16, float* gsum) {
+static void quantize_row(const float* x, int K, int G, const Act* a, int m) {
+    int8_t* q = a->q + (size_t)m * K;
+    float* d = a->d + (size_t)m * (K / 32);
+    int32_t* xs = a->xs + (size_t)m * (K / 32);
     for (int b = 0; b < K / 32; b++) {
         float amax = 0.0f;
         for (int i = 0; i < 32; i++) amax = std::fmax(amax, std::fabs(x[b * 32 + i]));
-        float d = amax / 127.0f;
-        float inv = d > 0 ? 1.0f / d : 0.0f;
+        const float db = amax / 127.0f, inv = db > 0 ? 1.0f / db : 0.0f;
+        int sum = 0;
         for (int i = 0; i < 32; i++) {
             int v = (int)std::nearbyint(x[b * 32 + i] * inv);
-            q[b * 32 + i] = (int8_t)(v > 127 ? 127 : (v < -127 ? -127 : v));
+            v = v > 127 ? 127 : (v < -127 ? -127 : v);
+            q[b * 32 + i] = (int8_t)v;
+            sum += v;
         }
-        for (int i = 0; i < 8; i++) d16[(b >> 1) * 16 + (b & 1) * 8 + i] = d;
+        d[b] = db;
+        xs[b] = sum;
     }
+    float* gsum = a->gsum + (size_t)m * (K / G);
     for (int g = 0; g < K / G; g++) {
         float s = 0.0f;
-        for (int b = g * G / 32; b < (g + 1) * G / 32; b++) {
-            int sum = 0;
-            for (int i = 0; i < 32; i++) sum += q[b * 32 + i];
-            s += d16[(b >> 1) * 16 + (b & 1) * 8] * (float)sum;
-        }
+        for (int b = g * G / 32; b < (g + 1) * G / 32; b++) s += d[b] * (float)xs[b];
         gsum[g] = s;
     }
 }
 
 // Called inside a parallel region (an orphaned `omp for`: the threads split the rows, then meet).
-static void quantize_acts(const float* x, int M, int K, int G, Act* a) {
-    a->K = K;
-    a->G = G;
+static void quantize_acts(const float* x, int M, int K, int G, const Act* a) {
 #pragma omp for schedule(static)
-    for (int m = 0; m < M; m++)
-        quantize_row(x + (size_t)m * K, K, G, a->q + (size_t)m * K, a->d + (size_t)m * (K / 64) * 16,
-                     a->gsum + (size_t)m * (K / G));
+    for (int m = 0; m < M; m++) quantize_row(x + (size_t)m * K, K, G, a, m);
 }
 
 // ---------------------------------------------------------------------------------------------------
-// INT4 x int8: R positions x C columns per tile; each (position, column) pair runs the same arithmetic
+// Products over blocks of 16 output columns, the 16 columns in the 16 lanes of a vector: one VNNI
+// instruction multiplies 4 inputs of one position (broadcast) by the same 4 inputs' weights of 16
+// columns. Sums within a block of 32 inputs are exact int32; each block then adds once, in float, to the
+// column's sum, in input order. No horizontal sums, and every (position, column) runs the same
+// arithmetic whatever the tile of positions it is computed in.
+//
+// Q4 layout, per 16-column block and 64-input chunk: 8 vectors of 64 bytes; byte 4n + j of vector t holds
+// q[n][4t + j] (low nibble) and q[n][32 + 4t + j] (high nibble). s, m: [N/16][K/G][16].
+// Q8 layout (head): 16 vectors of 64 bytes per chunk; byte 4n + j of vector t is w[n][4t + j] + 128.
+
+static inline int32_t load_i32(const int8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
 
 #if PARLEY_VNNI
-template <int R, int C>
-static inline void q4_tile(const Lin* L, int n0, const Act* a, int m0, float* y, int ldy) {
+template <int R>
+static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y, int ldy) {
     const int K = L->K, nc = K / 64, G = L->group, ng = K / G, cpg = G / 64;
-    const __m512i lo_mask = _mm512_set1_epi8(0x0f);
-    __m512 acc[R][C];
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
-    for (int g = 0; g < ng; g++) {
-        __m512 gacc[R][C];
+    constexpr int P = R < 4 ? 2 : 1;  // independent partial sums per block: short dependency chains
+    const uint8_t* wq = L->q + (size_t)nb * nc * 512;
+    const float* S = L->s + (size_t)nb * ng * 16;
+    const __m512i lo = _mm512_set1_epi8(0x0f);
+    __m512 acc[R];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int ci = 0; ci < nc; ci++) {
+        __m512i i0[R][P], i1[R][P];
         for (int r = 0; r < R; r++)
-            for (int c = 0; c < C; c++) gacc[r][c] = _mm512_setzero_ps();
-        for (int ci = g * cpg; ci < (g + 1) * cpg; ci++) {
-            __m512i w[C];
-            for (int c = 0; c < C; c++) {
-                __m256i b = _mm256_loadu_si256((const __m256i*)(L->q + ((size_t)(n0 + c) * nc + ci) * 32));
-                __m512i wide = _mm512_inserti64x4(_mm512_castsi256_si512(b), _mm256_srli_epi16(b, 4), 1);
-                w[c] = _mm512_and_si512(wide, lo_mask);
-            }
+            for (int p = 0; p < P; p++) i0[r][p] = i1[r][p] = _mm512_setzero_si512();
+        const uint8_t* w = wq + (size_t)ci * 512;
+        for (int t = 0; t < 8; t++) {
+            const __m512i v = _mm512_loadu_si512((const void*)(w + t * 64));
+            const __m512i l = _mm512_and_si512(v, lo), h = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo);
             for (int r = 0; r < R; r++) {
-                const int m = m0 + r;
-                __m512i x = _mm512_loadu_si512((const void*)(a->q + (size_t)m * K + ci * 64));
-                __m512 d = _mm512_loadu_ps(a->d + ((size_t)m * nc + ci) * 16);
-                for (int c = 0; c < C; c++) {
-                    __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[c], x);
-                    gacc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, gacc[r][c]);
-                }
+                const int8_t* x = a->q + (size_t)(m0 + r) * K + ci * 64 + 4 * t;
+                i0[r][t % P] = _mm512_dpbusd_epi32(i0[r][t % P], l, _mm512_set1_epi32(load_i32(x)));
+                i1[r][t % P] = _mm512_dpbusd_epi32(i1[r][t % P], h, _mm512_set1_epi32(load_i32(x + 32)));
             }
         }
-        for (int c = 0; c < C; c++) {
-            __m512 s = _mm512_set1_ps(L->s[(size_t)(n0 + c) * ng + g]);
-            for (int r = 0; r < R; r++) acc[r][c] = _mm512_fmadd_ps(gacc[r][c], s, acc[r][c]);
+        const __m512 s = _mm512_loadu_ps(S + (size_t)(ci / cpg) * 16);
+        for (int r = 0; r < R; r++) {
+            __m512i b0 = i0[r][0], b1 = i1[r][0];
+            if (P == 2) {
+                b0 = _mm512_add_epi32(b0, i0[r][P - 1]);
+                b1 = _mm512_add_epi32(b1, i1[r][P - 1]);
+            }
+            const float* d = a->d + (size_t)(m0 + r) * (K / 32) + 2 * ci;
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b0), _mm512_mul_ps(_mm512_set1_ps(d[0]), s), acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b1), _mm512_mul_ps(_mm512_set1_ps(d[1]), s), acc[r]);
         }
     }
+    const float* Mz = L->m + (size_t)nb * ng * 16;
+    const int n0 = nb * 16, cnt = L->N - n0 < 16 ? L->N - n0 : 16;
+    const __mmask16 mask = (__mmask16)((1u << cnt) - 1);
     for (int r = 0; r < R; r++) {
-        const int m = m0 + r;
-        for (int c = 0; c < C; c++) {
-            const int n = n0 + c;
-            float zsum = 0.0f;
-            for (int g = 0; g < ng; g++) zsum += L->m[(size_t)n * ng + g] * a->gsum[(size_t)m * ng + g];
-            float v = hsum(acc[r][c]) + zsum;
-            if (L->bias) v += L->bias[n];
-            y[(size_t)m * ldy + n] = v;
-        }
+        const float* gs = a->gsum + (size_t)(m0 + r) * ng;
+        __m512 z = _mm512_setzero_ps();
+        for (int g = 0; g < ng; g++) z = _mm512_fmadd_ps(_mm512_loadu_ps(Mz + (size_t)g * 16), _mm512_set1_ps(gs[g]), z);
+        __m512 v = _mm512_add_ps(acc[r], z);
+        if (L->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, L->bias + n0));
+        _mm512_mask_storeu_ps(y + (size_t)(m0 + r) * ldy + n0, mask, v);
     }
 }
 
-// int8 head: the +128 offset of the stored weights is removed with the activations' block sums.
-template <int R, int C>
-static inline void q8_tile(const Lin* L, int n0, const Act* a, const int32_t* xsum16, int m0, float* y, int ldy) {
+template <int R>
+static inline void q8_block(const Lin* L, int nb, const Act* a, int m0, float* y, int ldy) {
     const int K = L->K, nc = K / 64;
-    __m512 acc[R][C];
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    constexpr int P = R < 4 ? 2 : 1;
+    const uint8_t* wq = L->q + (size_t)nb * nc * 1024;
+    __m512 acc[R];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int ci = 0; ci < nc; ci++) {
-        __m512i w[C];
-        for (int c = 0; c < C; c++) w[c] = _mm512_loadu_si512((const void*)(L->q + (size_t)(n0 + c) * K + ci * 64));
-        for (int r = 0; r < R; r++) {
-            const int m = m0 + r;
-            __m512i x = _mm512_loadu_si512((const void*)(a->q + (size_t)m * K + ci * 64));
-            __m512i corr = _mm512_loadu_si512((const void*)(xsum16 + ((size_t)m * nc + ci) * 16));
-            __m512 d = _mm512_loadu_ps(a->d + ((size_t)m * nc + ci) * 16);
-            for (int c = 0; c < C; c++) {
-                __m512i p = _mm512_dpbusd_epi32(corr, w[c], x);
-                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, acc[r][c]);
+        const uint8_t* w = wq + (size_t)ci * 1024;
+        for (int half = 0; half < 2; half++) {
+            __m512i ib[R][P];
+            for (int r = 0; r < R; r++)
+                for (int p = 0; p < P; p++) ib[r][p] = _mm512_setzero_si512();
+            for (int t = 0; t < 8; t++) {
+                const __m512i v = _mm512_loadu_si512((const void*)(w + (half * 8 + t) * 64));
+                for (int r = 0; r < R; r++) {
+                    const int8_t* x = a->q + (size_t)(m0 + r) * K + ci * 64 + half * 32 + 4 * t;
+                    ib[r][t % P] = _mm512_dpbusd_epi32(ib[r][t % P], v, _mm512_set1_epi32(load_i32(x)));
+                }
+            }
+            for (int r = 0; r < R; r++) {
+                __m512i b = ib[r][0];
+                if (P == 2) b = _mm512_add_epi32(b, ib[r][P - 1]);
+                const size_t blk = (size_t)(m0 + r) * (K / 32) + 2 * ci + half;
+                b = _mm512_sub_epi32(b, _mm512_set1_epi32(128 * a->xs[blk]));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_set1_ps(a->d[blk]), acc[r]);
             }
         }
     }
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) {
-            float v = hsum(acc[r][c]) * L->s[n0 + c];
-            if (L->bias) v += L->bias[n0 + c];
-            y[(size_t)(m0 + r) * ldy + n0 + c] = v;
-        }
+    const int n0 = nb * 16, cnt = L->N - n0 < 16 ? L->N - n0 : 16;
+    const __mmask16 mask = (__mmask16)((1u << cnt) - 1);
+    const __m512 s = _mm512_maskz_loadu_ps(mask, L->s + n0);
+    for (int r = 0; r < R; r++) {
+        __m512 v = _mm512_mul_ps(acc[r], s);
+        if (L->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, L->bias + n0));
+        _mm512_mask_storeu_ps(y + (size_t)(m0 + r) * ldy + n0, mask, v);
+    }
 }
 
 template <int R, int C>
@@ -287,43 +312,42 @@ static inline void f32_tile(const Lin* L, int n0, const float* x, int m0, float*
 }
 #endif
 
-// Portable fallbacks (no AVX-512 VNNI): same quantities, plain loops; still batch invariant.
+// Portable fallbacks (no AVX-512 VNNI): the same layouts and quantities, plain loops; still batch invariant.
 static void q4_col_scalar(const Lin* L, int n, const Act* a, int m, float* y, int ldy) {
-    const int K = L->K, nc = K / 64, G = L->group, ng = K / G, cpg = G / 64;
+    const int K = L->K, nc = K / 64, G = L->group, ng = K / G, cpg = G / 64, nb = n / 16, c = n % 16;
+    const uint8_t* wq = L->q + (size_t)nb * nc * 512;
+    const int8_t* x = a->q + (size_t)m * K;
+    const float* d = a->d + (size_t)m * (K / 32);
     float acc = 0.0f;
-    for (int g = 0; g < ng; g++) {
-        float gacc = 0.0f;
-        for (int ci = g * cpg; ci < (g + 1) * cpg; ci++) {
-            const uint8_t* wb = L->q + ((size_t)n * nc + ci) * 32;
-            const int8_t* x = a->q + (size_t)m * K + ci * 64;
-            int s0 = 0, s1 = 0;
-            for (int j = 0; j < 32; j++) {
-                s0 += (wb[j] & 15) * x[j];
-                s1 += (wb[j] >> 4) * x[j + 32];
+    for (int ci = 0; ci < nc; ci++) {
+        int s0 = 0, s1 = 0;
+        for (int t = 0; t < 8; t++)
+            for (int j = 0; j < 4; j++) {
+                const uint8_t b = wq[(size_t)ci * 512 + t * 64 + 4 * c + j];
+                s0 += (b & 15) * x[ci * 64 + 4 * t + j];
+                s1 += (b >> 4) * x[ci * 64 + 32 + 4 * t + j];
             }
-            const float* d = a->d + ((size_t)m * nc + ci) * 16;
-            gacc += (float)s0 * d[0] + (float)s1 * d[8];
-        }
-        acc += gacc * L->s[(size_t)n * ng + g];
+        const float s = L->s[((size_t)nb * ng + ci / cpg) * 16 + c];
+        acc += (float)s0 * (d[2 * ci] * s);
+        acc += (float)s1 * (d[2 * ci + 1] * s);
     }
-    float zsum = 0.0f;
-    for (int g = 0; g < ng; g++) zsum += L->m[(size_t)n * ng + g] * a->gsum[(size_t)m * ng + g];
-    float v = acc + zsum;
+    float z = 0.0f;
+    for (int g = 0; g < ng; g++) z += L->m[((size_t)nb * ng + g) * 16 + c] * a->gsum[(size_t)m * ng + g];
+    float v = acc + z;
     if (L->bias) v += L->bias[n];
     y[(size_t)m * ldy + n] = v;
 }
 
 static void q8_col_scalar(const Lin* L, int n, const Act* a, int m, float* y, int ldy) {
-    const int K = L->K, nc = K / 64;
+    const int K = L->K, nc = K / 64, nb = n / 16, c = n % 16;
+    const uint8_t* wq = L->q + (size_t)nb * nc * 1024;
+    const int8_t* x = a->q + (size_t)m * K;
     float acc = 0.0f;
-    for (int ci = 0; ci < nc; ci++) {
-        const uint8_t* wb = L->q + (size_t)n * K + ci * 64;
-        const int8_t* x = a->q + (size_t)m * K + ci * 64;
-        int s0 = 0, s1 = 0;
-        for (int j = 0; j < 32; j++) s0 += ((int)wb[j] - 128) * x[j];
-        for (int j = 32; j < 64; j++) s1 += ((int)wb[j] - 128) * x[j];
-        const float* d = a->d + ((size_t)m * nc + ci) * 16;
-        acc += (float)s0 * d[0] + (float)s1 * d[8];
+    for (int b = 0; b < K / 32; b++) {
+        int s = 0;
+        for (int t = 0; t < 8; t++)
+            for (int j = 0; j < 4; j++) s += ((int)wq[(size_t)(b / 2) * 1024 + ((b % 2) * 8 + t) * 64 + 4 * c + j] - 128) * x[b * 32 + 4 * t + j];
+        acc += (float)s * a->d[(size_t)m * (K / 32) + b];
     }
     float v = acc * L->s[n];
     if (L->bias) v += L->bias[n];
@@ -337,10 +361,28 @@ static void f32_col_scalar(const Lin* L, int n, const float* x, int m, float* y,
     y[(size_t)m * ldy + n] = acc;
 }
 
+#if PARLEY_VNNI
+template <int R>
+static inline void quant_block(const Lin* L, int nb, const Act* a, int m0, float* y) {
+    if (L->kind == W_Q4) q4_block<R>(L, nb, a, m0, y, L->N);
+    else q8_block<R>(L, nb, a, m0, y, L->N);
+}
+#endif
+
 // y [M][N] = x [M][K] W^T. `a` holds x quantized (Q4/Q8); `x` is read by F32. Inside a parallel region.
-static void linear(const Lin* L, int M, const float* x, const Act* a, const int32_t* xsum16, float* y) {
+static void linear(const Lin* L, int M, const float* x, const Act* a, float* y) {
     const int N = L->N;
 #if PARLEY_VNNI
+    if (L->kind != W_F32) {
+#pragma omp for schedule(static)
+        for (int nb = 0; nb < (N + 15) / 16; nb++) {
+            int m = 0;
+            for (; m + 8 <= M; m += 8) quant_block<8>(L, nb, a, m, y);
+            for (; m + 4 <= M; m += 4) quant_block<4>(L, nb, a, m, y);
+            for (; m < M; m++) quant_block<1>(L, nb, a, m, y);
+        }
+        return;
+    }
     const int C = 4;
     const int ntiles = (N + C - 1) / C;
 #pragma omp for schedule(static)
@@ -348,24 +390,12 @@ static void linear(const Lin* L, int M, const float* x, const Act* a, const int3
         const int n0 = t * C;
         if (n0 + C > N) {  // ragged last columns: one at a time, the same arithmetic per column
             for (int n = n0; n < N; n++)
-                for (int m = 0; m < M; m++) {
-                    if (L->kind == W_Q4) q4_tile<1, 1>(L, n, a, m, y, N);
-                    else if (L->kind == W_Q8) q8_tile<1, 1>(L, n, a, xsum16, m, y, N);
-                    else f32_tile<1, 1>(L, n, x, m, y, N);
-                }
+                for (int m = 0; m < M; m++) f32_tile<1, 1>(L, n, x, m, y, N);
             continue;
         }
         int m = 0;
-        for (; m + 4 <= M; m += 4) {
-            if (L->kind == W_Q4) q4_tile<4, 4>(L, n0, a, m, y, N);
-            else if (L->kind == W_Q8) q8_tile<4, 4>(L, n0, a, xsum16, m, y, N);
-            else f32_tile<4, 4>(L, n0, x, m, y, N);
-        }
-        for (; m < M; m++) {
-            if (L->kind == W_Q4) q4_tile<1, 4>(L, n0, a, m, y, N);
-            else if (L->kind == W_Q8) q8_tile<1, 4>(L, n0, a, xsum16, m, y, N);
-            else f32_tile<1, 4>(L, n0, x, m, y, N);
-        }
+        for (; m + 4 <= M; m += 4) f32_tile<4, 4>(L, n0, x, m, y, N);
+        for (; m < M; m++) f32_tile<1, 4>(L, n0, x, m, y, N);
     }
 #else
 #pragma omp for schedule(static)
@@ -376,18 +406,6 @@ static void linear(const Lin* L, int M, const float* x, const Act* a, const int3
             else f32_col_scalar(L, n, x, m, y, N);
         }
 #endif
-}
-
-// Per 16-lane group of a 64-chunk: 128 * (sum of the 4 activations that lane multiplies), negated: the
-// starting value of the head's dot product, which cancels the +128 of the stored weights.
-static void head_corrections(const Act* a, int M, int32_t* out) {
-    const int K = a->K, nc = K / 64;
-    for (int m = 0; m < M; m++)
-        for (int ci = 0; ci < nc; ci++)
-            for (int l = 0; l < 16; l++) {
-                const int8_t* x = a->q + (size_t)m * K + ci * 64 + l * 4;
-                out[((size_t)m * nc + ci) * 16 + l] = -128 * (x[0] + x[1] + x[2] + x[3]);
-            }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -688,6 +706,22 @@ static void* scratch(size_t bytes) {
     return p;
 }
 
+static Act new_act(int M, int maxK) {
+    Act a;
+    a.q = (int8_t*)scratch((size_t)M * maxK);
+    a.d = (float*)scratch((size_t)M * (maxK / 32) * 4);
+    a.xs = (int32_t*)scratch((size_t)M * (maxK / 32) * 4);
+    a.gsum = (float*)scratch((size_t)M * (maxK / 32) * 4);
+    return a;
+}
+
+static void free_act(Act* a) {
+    std::free(a->q);
+    std::free(a->d);
+    std::free(a->xs);
+    std::free(a->gsum);
+}
+
 static int g_threads = 0;  // 0: OpenMP's default
 
 // Threads for the next forward passes (0 = default); set per call because OpenMP's setting is per thread.
@@ -702,22 +736,13 @@ extern "C" int parley_has_vnni(void) { return PARLEY_VNNI; }
 extern "C" int parley_linear(const Lin* L, int M, const float* x, float* y) {
     if (L->K % 64) return -1;
     if (g_threads > 0) omp_set_num_threads(g_threads);
-    Act a;
-    a.q = (int8_t*)scratch((size_t)M * L->K);
-    a.d = (float*)scratch((size_t)M * (L->K / 64) * 16 * 4);
-    a.gsum = (float*)scratch((size_t)M * (L->K / 32) * 4);
-    int32_t* corr = nullptr;
-    corr = (int32_t*)scratch((size_t)M * (L->K / 64) * 16 * 4);
+    Act a = new_act(M, L->K);
 #pragma omp parallel
     {
         if (L->kind != W_F32) quantize_acts(x, M, L->K, L->kind == W_Q4 ? L->group : L->K, &a);
-        if (L->kind == W_Q8) {
-#pragma omp single
-            head_corrections(&a, M, corr);
-        }
-        linear(L, M, x, &a, corr, y);
+        linear(L, M, x, &a, y);
     }
-    std::free(a.q); std::free(a.d); std::free(a.gsum); std::free(corr);
+    free_act(&a);
     return 0;
 }
 
@@ -737,10 +762,7 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
     float* att = (float*)scratch((size_t)M * H * D * 4);
     float* gu = (float*)scratch((size_t)M * 2 * I * 4);
     float* tmp = (float*)scratch((size_t)M * dim * 4);
-    Act a;
-    a.q = (int8_t*)scratch((size_t)M * maxK);
-    a.d = (float*)scratch((size_t)M * (maxK / 64) * 16 * 4);
-    a.gsum = (float*)scratch((size_t)M * (maxK / 32) * 4);
+    Act a = new_act(M, maxK);
     const int nthreads = omp_get_max_threads();
     float* att_scores = (float*)scratch((size_t)nthreads * (H / KVH) * cache->max_len * 4);
     float* att_buf = (float*)scratch((size_t)nthreads * D * 4);
@@ -748,7 +770,6 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
 
     for (int m = 0; m < M; m++) std::memcpy(x + (size_t)m * dim, md->embed + (size_t)tokens[m] * dim, dim * 4);
     const int first = last_only ? M - 1 : 0, rows = M - first;
-    int32_t* corr = (int32_t*)scratch((size_t)rows * (dim / 64) * 16 * 4);
     const int G = H / KVH;
 
     // One parallel region for the whole pass: each step below splits its rows / columns / heads over the
@@ -757,17 +778,15 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
     for (int l = 0; l < md->n_layers; l++) {
         const Layer* L = md->layers + l;
         const KV* kv = cache->layers + l;
-        if (L->qkv.kind != W_F32) { a.K = dim; a.G = L->qkv.group; }
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++) {  // (the previous layer's residual) + norm + activation quantization
             float* xr = x + (size_t)m * dim;
             if (l > 0) for (int i = 0; i < dim; i++) xr[i] += tmp[(size_t)m * dim + i];
             rmsnorm_row(xr, L->attn_norm, xn + (size_t)m * dim, dim, md->eps);
             if (L->qkv.kind != W_F32)
-                quantize_row(xn + (size_t)m * dim, dim, L->qkv.group, a.q + (size_t)m * dim,
-                             a.d + (size_t)m * (dim / 64) * 16, a.gsum + (size_t)m * (dim / L->qkv.group));
+                quantize_row(xn + (size_t)m * dim, dim, L->qkv.group, &a, m);
         }
-        linear(&L->qkv, M, xn, &a, nullptr, qkv);
+        linear(&L->qkv, M, xn, &a, qkv);
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++) {  // q/k norm (qwen3), rotary, then the new K/V into the cache
             float* row = qkv + (size_t)m * QKV;
@@ -790,27 +809,23 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
                    att_buf + (size_t)tid * D);
         }
         if (L->o.kind != W_F32) quantize_acts(att, M, H * D, L->o.group, &a);
-        linear(&L->o, M, att, &a, nullptr, tmp);
+        linear(&L->o, M, att, &a, tmp);
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++) {
             float* xr = x + (size_t)m * dim;
             for (int i = 0; i < dim; i++) xr[i] += tmp[(size_t)m * dim + i];
             rmsnorm_row(xr, L->ffn_norm, xn + (size_t)m * dim, dim, md->eps);
             if (L->gate_up.kind != W_F32)
-                quantize_row(xn + (size_t)m * dim, dim, L->gate_up.group, a.q + (size_t)m * dim,
-                             a.d + (size_t)m * (dim / 64) * 16, a.gsum + (size_t)m * (dim / L->gate_up.group));
+                quantize_row(xn + (size_t)m * dim, dim, L->gate_up.group, &a, m);
         }
-        if (L->gate_up.kind != W_F32) { a.K = dim; a.G = L->gate_up.group; }
-        linear(&L->gate_up, M, xn, &a, nullptr, gu);
+        linear(&L->gate_up, M, xn, &a, gu);
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++) {  // SiLU(gate) * up, undoing the 16-column interleave, then quantized
             silu_mul_row(gu + (size_t)m * 2 * I, I, xn + (size_t)m * I);
             if (L->down.kind != W_F32)
-                quantize_row(xn + (size_t)m * I, I, L->down.group, a.q + (size_t)m * I,
-                             a.d + (size_t)m * (I / 64) * 16, a.gsum + (size_t)m * (I / L->down.group));
+                quantize_row(xn + (size_t)m * I, I, L->down.group, &a, m);
         }
-        if (L->down.kind != W_F32) { a.K = I; a.G = L->down.group; }
-        linear(&L->down, M, xn, &a, nullptr, tmp);
+        linear(&L->down, M, xn, &a, tmp);
     }
     for (int m = first; m < M; m++) {
         float* xr = x + (size_t)m * dim;
@@ -819,16 +834,12 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
     }
 #pragma omp parallel
     {
-        if (md->head.kind == W_Q8) {
-            quantize_acts(xn, rows, dim, dim, &a);
-#pragma omp single
-            head_corrections(&a, rows, corr);
-        }
-        linear(&md->head, rows, xn, &a, corr, logits);
+        if (md->head.kind == W_Q8) quantize_acts(xn, rows, dim, dim, &a);
+        linear(&md->head, rows, xn, &a, logits);
     }
-    std::free(corr);
     std::free(x); std::free(xn); std::free(qkv); std::free(att); std::free(gu); std::free(tmp);
-    std::free(a.q); std::free(a.d); std::free(a.gsum); std::free(att_scores); std::free(att_buf);
+    free_act(&a);
+    std::free(att_scores); std::free(att_buf);
     return 0;
 }
 

@@ -149,21 +149,33 @@ def why_unavailable() -> str | None:
 
 # -- weight packing: tensors in the layouts cpu_step.cpp reads ----------------------------------------------
 
-def pack_q4(q: Tensor, zeros: Tensor, scales: Tensor, group_size: int) -> dict[str, Tensor]:
-    """q [K, N] ints 0..15, zeros/scales [K/group, N] (W = (q - z) * s) -> the 64-chunk nibble layout.
+def _pad_columns(t: Tensor, n: int) -> Tensor:
+    """[N, ...] -> [n, ...] with zero rows appended (the last 16-column block of a ragged N)."""
+    return torch.cat([t, t.new_zeros(n - t.shape[0], *t.shape[1:])]) if n > t.shape[0] else t
 
-    Byte j of each 64-input chunk holds input j (low nibble) and input j + 32 (high nibble), so one
-    32-byte load unpacks to 64 weights in natural order. Scales and the pre-multiplied minimum -z*s
-    stay per group in fp32.
+
+def pack_q4(q: Tensor, zeros: Tensor, scales: Tensor, group_size: int) -> dict[str, Tensor]:
+    """q [K, N] ints 0..15, zeros/scales [K/group, N] (W = (q - z) * s) -> cpu_step.cpp's column-block layout.
+
+    Per block of 16 output columns and chunk of 64 inputs, 8 vectors of 64 bytes: byte 4n + j of vector t
+    holds input 4t + j of column n (low nibble) and input 32 + 4t + j (high nibble), so one VNNI
+    instruction takes 4 inputs of 16 columns. Scales and the pre-multiplied minimum -z*s are fp32,
+    [N/16][K/group][16]. N is padded to a multiple of 16 with zero columns.
     """
     K, N = q.shape
     if K % 64 or group_size % 64:
         raise ValueError(f"the native step needs in_features ({K}) and group size ({group_size}) divisible by 64")
-    qn = q.t().reshape(N, K // 64, 2, 32).to(torch.uint8)
-    packed = (qn[:, :, 0] | (qn[:, :, 1] << 4)).contiguous()
-    s = scales.float().t().contiguous()
-    m = (-zeros.float() * scales.float()).t().contiguous()
-    return {"q": packed, "s": s, "m": m}
+    Np = (N + 15) // 16 * 16
+    qn = _pad_columns(q.t().to(torch.uint8), Np)                      # [Np, K]
+    qn = qn.reshape(Np // 16, 16, K // 64, 2, 8, 4)                   # block, n, chunk, half, t, j
+    packed = (qn[:, :, :, 0] | (qn[:, :, :, 1] << 4))                 # block, n, chunk, t, j
+    packed = packed.permute(0, 2, 3, 1, 4).contiguous()               # block, chunk, t, n, j
+
+    def blocks(t: Tensor) -> Tensor:  # [G, N] -> [Np/16, G, 16]
+        t = _pad_columns(t.float().t(), Np)
+        return t.reshape(Np // 16, 16, -1).transpose(1, 2).contiguous()
+
+    return {"q": packed, "s": blocks(scales), "m": blocks(-zeros.float() * scales.float())}
 
 
 def awq_to_q4(qweight: Tensor, qzeros: Tensor, scales: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -171,12 +183,24 @@ def awq_to_q4(qweight: Tensor, qzeros: Tensor, scales: Tensor) -> tuple[Tensor, 
     return unpack_int4(qweight), unpack_int4(qzeros), scales
 
 
-def pack_q8_rows(weight: Tensor) -> dict[str, Tensor]:
-    """A dense [N, K] weight as int8 per output row (symmetric), stored +128 as uint8, with fp32 row scales."""
+def quantize_q8_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """A dense [N, K] weight as int8 per output row (symmetric): (q int8 [N, K], fp32 row scales [N])."""
     w = weight.detach().float()
     scale = w.abs().amax(dim=1).clamp(min=1e-30) / 127
-    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int16) + 128
-    return {"q": q.to(torch.uint8).contiguous(), "s": scale.contiguous()}
+    return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale.contiguous()
+
+
+def pack_q8(weight: Tensor) -> dict[str, Tensor]:
+    """A dense [N, K] weight -> the int8 head's column-block layout: per 16 columns and 64 inputs, 16 vectors
+    of 64 bytes, byte 4n + j of vector t = w[n][4t + j] + 128 (unsigned, for VNNI); N padded to 16."""
+    q, scale = quantize_q8_rows(weight)
+    N, K = q.shape
+    if K % 64:
+        raise ValueError(f"the native head needs a hidden size divisible by 64, not {K}")
+    Np = (N + 15) // 16 * 16
+    u = (_pad_columns(q, Np).to(torch.int16) + 128).to(torch.uint8)     # [Np, K]
+    u = u.reshape(Np // 16, 16, K // 64, 16, 4).permute(0, 2, 3, 1, 4).contiguous()
+    return {"q": u, "s": scale}
 
 
 def lin(kind: int, N: int, K: int, group: int = 0, q: Tensor | None = None, s: Tensor | None = None,

@@ -58,7 +58,7 @@ class NativeStep:
         if not isinstance(head_w, Tensor) or head_w.dtype != torch.float32:
             raise ValueError("the native step needs the output head as an fp32 weight")
         if head_bits == 8:
-            h = native.pack_q8_rows(head_w)
+            h = native.pack_q8(head_w)
             head = native.lin(native.W_Q8, c.vocab_size, c.dim, 0, q=self._keep(h["q"]), s=self._keep(h["s"]))
         else:
             head = native.lin(native.W_F32, c.vocab_size, c.dim, w=self._keep(head_w.detach().contiguous()))
