@@ -39,11 +39,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernels", choices=("reference", "auto"), default="reference",
                         help="reference (default): INT4 weights dequantized exactly once, fp output head -- the "
                              "quantization alone; auto: the models as the engine runs them (its kernels, int8 head)")
+    parser.add_argument("--kv-cache", default=None, metavar="TYPES",
+                        help="instead: the fp32 model (as the engine runs it) with each comma-separated KV cache "
+                             "type (fp, bf16, int8, k8v4); use long chunks, e.g. --chunk 2048")
     add_json_argument(parser)
 
 
-def perplexity(model, chunks) -> float:
-    """exp(mean NLL) of the second half of every chunk [n, T], each run from an empty cache."""
+def perplexity(model, chunks, kv_cache: str = "fp") -> float:
+    """exp(mean NLL) of the second half of every chunk [n, T], each run from an empty cache (every
+    position attends to the keys and values as that cache type stores them, as in decoding)."""
     import torch
     import torch.nn.functional as F
 
@@ -51,7 +55,7 @@ def perplexity(model, chunks) -> float:
     with torch.inference_mode():
         for row in chunks:
             t = row.numel()
-            cache = model.new_cache(t)
+            cache = model.new_cache(t, kind=kv_cache)
             cache.window = t
             logits = model(row[None], torch.arange(t)[None], cache)[0]
             half = t // 2
@@ -118,9 +122,6 @@ def run(args: argparse.Namespace) -> int:
     reference = args.kernels == "reference"
     # The AWQ folder first, with this bench's calibration settings; Engine.load then finds it in the cache.
     files = resolve(args.model, progress=print_progress)
-    awq_files = ensure_quantized(files, group_size=args.group_size, calib=_calib(args.calib),
-                                 n_samples=args.samples, seq_len=args.seq_len, progress=print_progress)
-    manifest = json.loads((awq_files.path / "manifest.json").read_text())
     fp = Engine.load(args.model, quant="none", device="cpu")
     tok = fp.tokenizer
     texts = [Path(p) for p in args.text] if args.text else sorted(HELDOUT_DIR.glob("*.txt"))
@@ -136,6 +137,11 @@ def run(args: argparse.Namespace) -> int:
     say(f"held-out text: {', '.join(t.name for t in texts)}: {len(ids)} tokens -> {n} chunks of {args.chunk}, "
         f"{n * (args.chunk - args.chunk // 2)} scored")
 
+    if args.kv_cache:
+        return kv_cache_quality(args, fp, chunks, files.ref, [t.name for t in texts], say)
+    awq_files = ensure_quantized(files, group_size=args.group_size, calib=_calib(args.calib),
+                                 n_samples=args.samples, seq_len=args.seq_len, progress=print_progress)
+    manifest = json.loads((awq_files.path / "manifest.json").read_text())
     results: dict[str, dict] = {}
     t0 = time.monotonic()
     results["fp32"] = {"ppl": perplexity(fp.model, chunks), "seconds": time.monotonic() - t0}
@@ -180,5 +186,27 @@ def run(args: argparse.Namespace) -> int:
         return ["", *table(("model", "ppl", "vs fp32"), rows),
                 f"group size {group}; AWQ calibration: {manifest['calibration']}; "
                 f"quantized in {manifest['timing']['quantize_s']} s"]
+
+    return emit(summary, args.json, lines)
+
+
+def kv_cache_quality(args: argparse.Namespace, fp, chunks, model_ref: str, text: list[str], say) -> int:
+    """Perplexity of the fp32 model with each KV cache type, against the fp cache."""
+    kinds = [k.strip() for k in args.kv_cache.split(",") if k.strip()]
+    results: dict[str, dict] = {}
+    for kind in ["fp", *[k for k in kinds if k != "fp"]]:
+        t0 = time.monotonic()
+        results[kind] = {"ppl": perplexity(fp.model, chunks, kind), "seconds": time.monotonic() - t0}
+        say(f"kv={kind:<5} ppl {results[kind]['ppl']:.4f}")
+    for r in results.values():
+        r["vs_fp"] = r["ppl"] / results["fp"]["ppl"] - 1
+    path = "native" if fp.model.native is not None else "pytorch"
+    summary = {"bench": "quality", "mode": "kv_cache", "model": model_ref, "text": text, "chunk": args.chunk,
+               "chunks": len(chunks), "scored_tokens": len(chunks) * (args.chunk - args.chunk // 2),
+               "weights": "fp32", "path": path, "results": results}
+
+    def lines(summary: dict) -> list[str]:
+        rows = [(f"kv={k}", f"{r['ppl']:.4f}", f"{100 * r['vs_fp']:+.2f}%") for k, r in results.items()]
+        return ["", *table(("KV cache", "ppl", "vs fp"), rows), f"fp32 weights, {path} path"]
 
     return emit(summary, args.json, lines)

@@ -1,15 +1,15 @@
 """The Parley chat app: conversation, composer, live sampling panel, status bar.
 
-`ParleyApp` composes the screen, binds keys and hands off: a reply's lifecycle lives in
-`ReplyController` (reply_controller.py), paste arithmetic in paste_budget.py, settings in settings.py.
-The engine loads and replies in thread workers; the UI thread never waits on the model.
+`ParleyApp` composes the screen, binds keys and hands off: loading and switching engines live in
+`EngineLifecycle` (engine_lifecycle.py), a reply's lifecycle in `ReplyController` (reply_controller.py),
+pasted and opened documents in `AttachmentController` (attachments.py), paste arithmetic in
+paste_budget.py, settings in settings.py. The engine loads and replies in thread workers; the UI thread
+never waits on the model.
 """
 
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from textual import events, work
@@ -19,14 +19,16 @@ from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.theme import Theme
 from textual.widgets import Footer, Header, Input, Select, TextArea
+from textual.worker import Worker
 
 from parley.app import paste_budget
+from parley.app.attachments import AttachmentController
 from parley.app.commands import ParleyCommands
+from parley.app.engine_lifecycle import EngineLifecycle, EngineLoader, EngineUpgrade
 from parley.app.reply_controller import ReplyController
-from parley.app.screens.dialogs import OpenFileScreen, SystemPromptScreen, TooLongScreen
+from parley.app.screens.dialogs import SystemPromptScreen
 from parley.app.screens.help import HelpScreen
 from parley.app.screens.history import Deleted, HistoryScreen, Renamed
-from parley.app.screens.loading import LoadingScreen
 from parley.app.settings import Settings, apply_values, params_values
 from parley.app.store import Conversation, Store, compose_user_content
 from parley.app.widgets.attachment import Attachment
@@ -37,16 +39,6 @@ from parley.app.widgets.slider import Slider
 from parley.app.widgets.status_bar import StatusBar
 from parley.engine.params import GenerationParams
 from parley.engine.protocol import EngineLike, SessionLike
-from parley.models.progress import Progress, ProgressFn
-
-EngineLoader = Callable[[ProgressFn | None], EngineLike]
-# A second, better engine made in the background (e.g. AWQ INT4 after a first run on the unquantized
-# weights); None when there is nothing to upgrade to.
-EngineUpgrade = Callable[[ProgressFn | None], EngineLike | None]
-
-SUMMARISE_PROMPT = "Summarise the pasted document: the main points as a short bulleted list."
-PROGRESS_INTERVAL_S = 0.1
-MAX_FILE_BYTES = 4_000_000
 
 
 def slug(title: str) -> str:
@@ -95,22 +87,20 @@ class ParleyApp(App[int]):
         batch_interval: float = 0.04,
     ) -> None:
         super().__init__()
-        self._load_engine = load_engine
-        self._upgrade_engine = upgrade_engine
         self.model_ref = model_ref
         self.store = store if store is not None else Store()
         self.settings = settings if settings is not None else Settings()
         self.params = params if params is not None else self.settings.params()
         self._global_params = params_values(self.params)  # restored on a new chat
         self.export_dir = Path(export_dir) if export_dir is not None else Path.cwd()
-        self.engine: EngineLike | None = None
-        self._next_engine: EngineLike | None = None  # ready in the background, switched to between replies
+        self.engine: EngineLike | None = None  # set by `engines`, read by everyone
         self.conversation: Conversation | None = None
         saved_system = self.settings.get("system_prompt", "")
         self._system_prompt_draft = system_prompt if system_prompt is not None else str(saved_system or "")
         self._session: SessionLike | None = None
+        self.engines = EngineLifecycle(self, load_engine, upgrade_engine)
         self.replies = ReplyController(self, batch_interval)
-        self._loading: LoadingScreen | None = None
+        self.attachments = AttachmentController(self)
         self._store_problem: str | None = None
 
     # layout
@@ -189,7 +179,7 @@ class ParleyApp(App[int]):
             return True
         # Loading: quitting and help; and the settings and history while the chat screen shows.
         allowed = ("help", "quit", "command_palette")
-        if self._loading is None:
+        if self.engines.loading is None:
             allowed += ("toggle_params", "reset_params", "toggle_drafts", "history")
         return action in allowed
 
@@ -211,112 +201,27 @@ class ParleyApp(App[int]):
             event.stop()
             self.screen.set_focus(self.prompt)
 
-    # loading
-    @work(thread=True, exclusive=True, group="load", exit_on_error=False)
-    def load_engine(self) -> None:
-        """Load (maybe download and quantize) in a thread; progress is marshalled to the UI thread."""
-        try:
-            engine = self._load_engine(self._throttled(self._show_progress))
-        except Exception as error:  # shown to the user with what to do
-            self.call_from_thread(self._load_failed, error)
-        else:
-            self.call_from_thread(self._engine_ready, engine)
+    # engines
+    def load_engine(self) -> Worker[None]:
+        """Load the engine (again, on the loading screen's retry)."""
+        return self.engines.load()
 
-    def _throttled(self, show: Callable[[Progress], None]) -> ProgressFn:
-        """Progress from a worker thread, at most ~10 a second but never dropping a new stage or an end."""
-        last, last_stage = 0.0, ""
-
-        def progress(p: Progress) -> None:
-            nonlocal last, last_stage
-            now = time.monotonic()
-            finished = bool(p.total) and p.done >= p.total
-            if now - last >= PROGRESS_INTERVAL_S or finished or p.stage != last_stage:
-                last, last_stage = now, p.stage
-                self.call_from_thread(show, p)
-
-        return progress
-
-    def _show_progress(self, p: Progress) -> None:
-        # The progress screen appears only for real work (a download, a quantization), not a plain load.
-        if self._loading is None and p.stage in ("download", "quantize") and self.engine is None:
-            self._loading = LoadingScreen(self.model_ref)
-            self.push_screen(self._loading)
-            self.refresh_bindings()
-        if self._loading is not None:
-            self._loading.show_progress(p)
-        elif p.detail:
-            self.status.model = f"loading: {p.detail}"
-
-    def _load_failed(self, error: BaseException) -> None:
-        if self._loading is None:
-            self._loading = LoadingScreen(self.model_ref)
-            self.push_screen(self._loading)
-        self._loading.show_error(error)
-
-    def _engine_ready(self, engine: EngineLike) -> None:
-        self._use_engine(engine)
-        if self._loading is not None and self.screen is self._loading:
-            self.pop_screen()
-        self._loading = None
+    def engine_loaded(self) -> None:
+        """The first engine is in: back to the prompt, and measure what waited for it."""
         self.prompt.focus()
         chip = self.attachment
         if chip is not None and chip.tokens is None:
-            self._count_attachment(chip.text)
+            self.attachments.count(chip.text)
         if self.conversation is not None:
             self._count_context()
-        if self._upgrade_engine is not None:
-            self._upgrade()
 
-    def _use_engine(self, engine: EngineLike) -> None:
-        self.engine = engine
-        self._session = None  # the next reply re-reads the conversation with this engine
-        self.refresh_bindings()
-        self.status.model = engine.model_name
-        self.status.quantization = engine.quantization
-        self.status.context_window = engine.context_window
-        self.panel.set_capabilities(engine.capabilities)
-
-    @work(thread=True, exclusive=True, group="upgrade", exit_on_error=False)
-    def _upgrade(self) -> None:
-        """Make the better engine in the background; switch to it between replies."""
-        assert self._upgrade_engine is not None
-        try:
-            engine = self._upgrade_engine(self._throttled(self._show_upgrade_progress))
-        except Exception as error:
-            self.call_from_thread(self._upgrade_failed, error)
-            return
-        if engine is not None:
-            self.call_from_thread(self._upgrade_ready, engine)
-
-    def _show_upgrade_progress(self, p: Progress) -> None:
-        if p.stage == "quantize" and p.total:
-            self.status.background = f"INT4 in the background: layer {int(p.done)}/{int(p.total)}"
-        else:
-            self.status.background = f"INT4 in the background: {p.detail or p.stage}"
-
-    def _upgrade_failed(self, error: BaseException) -> None:
-        self.status.background = ""
-        self.notify(f"INT4 quantization failed, staying on the unquantized model: {type(error).__name__}: "
-                    f"{error}", severity="warning", timeout=15, markup=False)
-
-    def _upgrade_ready(self, engine: EngineLike) -> None:
-        self._next_engine = engine
-        self.status.background = "INT4 ready: switching after this reply" if self.generating else ""
-        if not self.generating:
-            self._switch_engine()
-
-    def _switch_engine(self) -> None:
-        engine, self._next_engine = self._next_engine, None
-        if engine is None:
-            return
-        self.status.background = ""
-        self._use_engine(engine)
-        self.notify(f"Switched to {engine.model_name} · {engine.quantization}: the next reply uses it")
+    def drop_session(self) -> None:
+        """The next reply starts a new session (a new engine reads the conversation afresh)."""
+        self._session = None
 
     def reply_finished(self) -> None:
         """Called by the reply controller once a reply has ended and been saved."""
-        if self._next_engine is not None:
-            self._switch_engine()
+        self.engines.switch_pending()
 
     # conversation
     def _ensure_conversation(self, first_text: str) -> Conversation:
@@ -335,7 +240,7 @@ class ParleyApp(App[int]):
             self._session = self.engine.session(self.system_prompt or None)
         return self._session
 
-    def _conversation_texts(self) -> list[str]:
+    def conversation_texts(self) -> list[str]:
         return [compose_user_content(m.content, m.attachment) for m in self.chat.messages]
 
     def engine_messages(self) -> list[dict[str, str]]:
@@ -366,7 +271,7 @@ class ParleyApp(App[int]):
         message.db_id = self.store.add_message(conversation.id, "user", text, doc)
         await self.chat.mount(message)
         self.prompt.clear()
-        await self._remove_attachment()
+        await self.attachments.remove()
         await self._start_reply()
 
     async def _start_reply(self) -> None:
@@ -386,7 +291,7 @@ class ParleyApp(App[int]):
         self.prompt.load_text(last.content)
         self.prompt.move_cursor(self.prompt.document.end)
         if last.attachment is not None:
-            await self._set_attachment(last.attachment, last.attachment_tokens)
+            await self.attachments.attach_text(last.attachment, last.attachment_tokens)
         self.prompt.focus()
 
     # actions
@@ -432,7 +337,7 @@ class ParleyApp(App[int]):
         self.status.stats = None
         self.sub_title = ""
         self._load_params(self._global_params)
-        await self._remove_attachment()
+        await self.attachments.remove()
         self.prompt.clear()
         self.prompt.focus()
 
@@ -456,7 +361,7 @@ class ParleyApp(App[int]):
     @work(thread=True, group="count-context", exclusive=True, exit_on_error=False)
     def _count_context(self) -> None:
         """The tokens a resumed conversation will take in the context (the status bar's `ctx`)."""
-        engine, texts = self.engine, self._conversation_texts()
+        engine, texts = self.engine, self.conversation_texts()
         if engine is None:
             return
         used = paste_budget.budget(engine.context_window, sum(engine.count_tokens(t) for t in texts),
@@ -594,96 +499,20 @@ class ParleyApp(App[int]):
 
     # pasted and opened documents
     def action_open_file(self) -> None:
-        async def chosen(path: str | None) -> None:
-            if path:
-                await self.attach_file(Path(path).expanduser())
-
-        self.push_screen(OpenFileScreen(), chosen)
+        self.attachments.open_file()
 
     async def attach_file(self, path: Path) -> None:
         """Attach a text file as the document sent with the next message (llama-cli's /read)."""
-        try:
-            if path.stat().st_size > MAX_FILE_BYTES:
-                self.notify(f"{path} is over {MAX_FILE_BYTES // 1_000_000} MB: attach a smaller file",
-                            severity="error", markup=False)
-                return
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            self.notify(f"{path} is not UTF-8 text", severity="error", markup=False)
-            return
-        except OSError as e:
-            self.notify(f"Could not read {path}: {e.strerror or e}", severity="error", markup=False)
-            return
-        await self._set_attachment(paste_budget.normalise_newlines(text))
-        self.prompt.focus()
+        await self.attachments.attach_file(path)
 
     async def on_prompt_input_large_paste(self, event: PromptInput.LargePaste) -> None:
-        await self._set_attachment(event.text)
+        await self.attachments.attach_text(event.text)
 
     async def on_prompt_input_summarise(self, event: PromptInput.Summarise) -> None:
         await self.action_summarise()
 
     async def action_summarise(self) -> None:
-        if self.attachment is None:
-            self.notify("Paste a document first, then Ctrl+S summarises it")
-            return
-        await self.send(SUMMARISE_PROMPT)
-
-    async def _remove_attachment(self) -> None:
-        if (chip := self.attachment) is not None:
-            await chip.remove()
-        self.prompt.has_attachment = False
+        await self.attachments.summarise()
 
     async def on_attachment_removed(self, event: Attachment.Removed) -> None:
-        await self._remove_attachment()
-        self.prompt.focus()
-
-    async def _set_attachment(self, text: str, tokens: int | None = None) -> None:
-        if self.attachment is not None:
-            await self._remove_attachment()
-            self.notify("The new document replaces the previous one")
-        chip = Attachment(text, id="attachment")
-        await self.screen_stack[0].query_one("#composer").mount(chip, before=self.prompt)
-        self.prompt.has_attachment = True
-        if tokens is not None:
-            chip.set_tokens(tokens)
-        elif self.engine is not None:
-            self._count_attachment(text)
-
-    def _count_attachment(self, text: str) -> None:
-        self._measure_attachment(text, self._conversation_texts(), self.params.max_new_tokens)
-
-    @work(thread=True, group="count", exclusive=True, exit_on_error=False)
-    def _measure_attachment(self, text: str, conversation: list[str], max_new_tokens: int) -> None:
-        """Count tokens (and the fitting prefix, if it is too long) off the UI thread."""
-        engine = self.engine
-        assert engine is not None
-        used = sum(engine.count_tokens(t) for t in conversation)
-        tokens = engine.count_tokens(text)
-        b = paste_budget.budget(engine.context_window, used, len(conversation), max_new_tokens)
-        if tokens <= b.free:
-            self.call_from_thread(self._attachment_counted, text, tokens)
-            return
-        kept, kept_tokens = paste_budget.fit_text(engine.count_tokens, text, b.free)
-        message = paste_budget.too_long_message(tokens, b, text, kept, kept_tokens)
-        self.call_from_thread(self._attachment_too_long, text, message, kept, kept_tokens)
-
-    def _attachment_counted(self, text: str, tokens: int) -> None:
-        chip = self.attachment
-        if chip is not None and chip.text == text:
-            chip.set_tokens(tokens)
-
-    def _attachment_too_long(self, text: str, message: str, kept: str, kept_tokens: int) -> None:
-        async def decided(truncate: bool | None) -> None:
-            chip = self.attachment
-            if chip is None or chip.text != text:
-                return
-            if truncate and kept:
-                chip.replace_text(kept, kept_tokens)
-                self.notify(f"Pasted document truncated to {kept_tokens:,} tokens")
-            else:
-                await self._remove_attachment()
-                self.notify("Paste cancelled")
-            self.prompt.focus()
-
-        self.push_screen(TooLongScreen(message), decided)
+        await self.attachments.dismiss()

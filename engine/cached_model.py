@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from ..models.transformer import Transformer
+from .cuda_graphs import GraphedStep, graphs_enabled
 from .prefix import common_prefix
 from .threads import ThreadTuner
 
@@ -39,6 +40,9 @@ class CachedModel:
         self.device = model.norm.weight.device
         self.cache = model.new_cache(max_len, kind=kv_cache)
         self.tuner: ThreadTuner | None = None  # set on the target: decode steps adapt the thread count
+        # On CUDA, decode and verification passes (T <= 16) replay CUDA graphs: one launch per step
+        # instead of ~1,300; a shape whose capture fails stays eager (`graphed.fallbacks` says why).
+        self.graphed = GraphedStep(self._graph_step, self.device, max_len) if graphs_enabled(self.device) else None
         self.ids: list[int] = []
         self._fed: list[int] = []  # the last forward's tokens, whose KV sits uncommitted after `ids`
 
@@ -58,7 +62,9 @@ class CachedModel:
         pos = torch.arange(start, end, device=self.device)[None]
         model = self.model if last_only else self.step
         window = attention_window(end, self.max_len)
-        if last_only or len(tokens) > 32 or self.tuner is None:
+        if self.graphed is not None and not last_only:
+            logits = self.graphed(ids, pos, window=window)[0]
+        elif last_only or len(tokens) > 32 or self.tuner is None:
             logits = model(ids, pos, self.cache, last_only, window)[0]
         else:  # decode and verification: time the step, so the thread count follows a busy machine
             n = self.tuner.before_step()
@@ -68,10 +74,15 @@ class CachedModel:
         self._fed = list(tokens)
         return logits
 
+    def _graph_step(self, ids: Tensor, pos: Tensor, *, window: int) -> Tensor:
+        return self.step(ids, pos, self.cache, False, window)
+
     def set_kv_cache(self, kind: str) -> None:
         """Store the cache as `kind` from now on (a new, empty cache: the next sync re-reads the context)."""
         self.cache = self.model.new_cache(self.max_len, kind=kind)
         self.ids, self._fed = [], []
+        if self.graphed is not None:
+            self.graphed.reset()  # the graphs point at the old cache's buffers
 
     def commit(self, n: int | list[int]) -> None:
         """Claim the KV of the first `n` tokens of the last forward (or of those tokens, given as a list)."""

@@ -116,7 +116,8 @@ class GraphedStep:
             with torch.cuda.graph(graph, pool=self.pool):
                 out = self.fn(static_tokens, static_positions, **static)
         except Exception as error:  # capture is an optimisation: any failure means eager for this key
-            torch.cuda.synchronize(self.device)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
             self.fallbacks[key] = f"{type(error).__name__}: {error}"
             return None
         entry = _Graph(graph, static_tokens, static_positions, out)

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,8 +26,8 @@ import httpx
 from .events import Done, Event, Notice, Stats, TextDelta
 from .params import GenerationParams
 from .protocol import Capabilities
+from .reply_stats import ReplyStats
 
-STATS_EVERY_S = 0.5
 DEFAULT_CONTEXT = 4096  # when the server does not say and no --context-window is given
 OPENAI_FIELDS = ("temperature", "top_p", "max_new_tokens")  # every server takes these
 SPECULATION = ("speculation", "draft_tokens")  # Parley's own: only parley serve takes them
@@ -324,40 +324,30 @@ class _Segment:
         return int(self.usage.get("completion_tokens") or self.timings.get("predicted_n") or self.chunks)
 
 
-class _Figures:
+class _Figures(ReplyStats):
     """The status bar's figures over all requests of one reply; rates measured here, on the client."""
 
     def __init__(self, t0: float, window: int) -> None:
-        self.t0, self.window = t0, window
-        self.t_first: float | None = None
-        self.t_stats = t0
+        super().__init__(window)
+        self.t0 = self.t_reported = t0
         self.done_tokens = 0  # of closed segments
-        self.prompt_tokens = self.reused = self.accepted = self.proposed = 0
-        self.drafter = ""
-        self.passes = 0.0
-        self.new_tokens = 0
-        self.context = 0  # the last request's prompt (which holds the earlier segments' text) and its output
+        self.passes = 0.0  # estimated from the server's tokens per target pass, when it reports one
 
     def token(self, segment: _Segment) -> None:
         if self.t_first is None:
             self.t_first = time.perf_counter()
         self.new_tokens = self.done_tokens + segment.tokens
 
-    def due(self) -> bool:
-        if time.perf_counter() - self.t_stats > STATS_EVERY_S:
-            self.t_stats = time.perf_counter()
-            return True
-        return False
-
     def close(self, segment: _Segment) -> None:
         self.done_tokens += segment.tokens
         self.new_tokens = self.done_tokens
         usage, timings = segment.usage, segment.timings
         details = usage.get("prompt_tokens_details") or {}
-        self.reused = int(details.get("cached_tokens") or timings.get("cache_n") or 0)
+        self.reused_tokens = int(details.get("cached_tokens") or timings.get("cache_n") or 0)
         prompt = int(usage.get("prompt_tokens") or (timings.get("prompt_n", 0) + timings.get("cache_n", 0)))
-        self.prompt_tokens = max(0, prompt - self.reused)
-        self.context = prompt + segment.tokens if prompt else 0
+        self.prompt_tokens = max(0, prompt - self.reused_tokens)
+        # the last request's prompt (which holds the earlier segments' text) and its output
+        self.context_tokens = prompt + segment.tokens if prompt else 0
         spec = usage.get("parley") or {}
         if spec:
             self.accepted += int(spec.get("accepted", 0))
@@ -371,22 +361,12 @@ class _Figures:
             self.drafter = "llama-server draft"
 
     def stats(self) -> Stats:
-        now = time.perf_counter()
-        decode_s = now - self.t_first if self.t_first is not None else 0.0
+        """As a local reply's, except: a server that says nothing about speculation made one token per
+        pass, and one that gives no prompt count still has the reply's own tokens in context."""
+        s = super().stats()
         n = self.new_tokens
-        return Stats(
-            new_tokens=n,
-            tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
-            accepted=self.accepted,
-            proposed=self.proposed,
-            tokens_per_target_pass=n / self.passes if self.passes else (1.0 if n else 0.0),
-            ttft_s=(self.t_first or now) - self.t0,
-            prompt_tokens=self.prompt_tokens,
-            reused_tokens=self.reused,
-            context_tokens=self.context or n,
-            context_window=self.window,
-            drafter=self.drafter,
-        )
+        return replace(s, tokens_per_target_pass=s.tokens_per_target_pass or (1.0 if n else 0.0),
+                       context_tokens=s.context_tokens or n)
 
 
 def iter_sse(lines: Iterable[str]) -> Iterator[str]:

@@ -12,6 +12,7 @@
 // loaded weights; they never reorder a position's arithmetic. So a position's logits are bitwise the same
 // in a decode pass, a verification pass or a prefill chunk. Build with -ffp-contract=off.
 #include <algorithm>
+#include <type_traits>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -157,6 +158,20 @@ static void quantize_row(const float* x, int K, int G, const Act* a, int m) {
     float* d = a->d + (size_t)m * (K / 32);
     int32_t* xs = a->xs + (size_t)m * (K / 32);
     for (int b = 0; b < K / 32; b++) {
+#if PARLEY_VNNI  // the same values as the loop below: max and integer sums are exact, x * inv rounds to even
+        const __m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        const float db = amax / 127.0f, inv = db > 0 ? 1.0f / db : 0.0f;
+        const __m512i lim = _mm512_set1_epi32(127);
+        __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(inv)));
+        __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(inv)));
+        q0 = _mm512_max_epi32(_mm512_min_epi32(q0, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim));
+        q1 = _mm512_max_epi32(_mm512_min_epi32(q1, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim));
+        _mm_storeu_si128((__m128i*)(q + b * 32), _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i*)(q + b * 32 + 16), _mm512_cvtepi32_epi8(q1));
+        d[b] = db;
+        xs[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+#else
         float amax = 0.0f;
         for (int i = 0; i < 32; i++) amax = std::fmax(amax, std::fabs(x[b * 32 + i]));
         const float db = amax / 127.0f, inv = db > 0 ? 1.0f / db : 0.0f;
@@ -169,6 +184,7 @@ static void quantize_row(const float* x, int K, int G, const Act* a, int m) {
         }
         d[b] = db;
         xs[b] = sum;
+#endif
     }
     float* gsum = a->gsum + (size_t)m * (K / G);
     for (int g = 0; g < K / G; g++) {
@@ -502,24 +518,6 @@ static inline void load_v(const Cache* c, const KV* kv, int h, int j, int D, flo
 }
 
 #if PARLEY_VNNI
-// 16 vectors -> one vector whose lane i is the sum of v[i]'s lanes (a fixed tree of shuffles and adds).
-static inline __m512 transpose_sum16(const __m512* v) {
-    __m512 z[4];
-    for (int g = 0; g < 4; g++) {
-        __m512 x[2];
-        for (int h = 0; h < 2; h++) {
-            __m512 a = v[g * 4 + h * 2], b = v[g * 4 + h * 2 + 1];
-            x[h] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-        }
-        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(x[0]), _mm512_castps_pd(x[1]));
-        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(x[0]), _mm512_castps_pd(x[1]));
-        z[g] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
-    }
-    __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x88), _mm512_shuffle_f32x4(z[0], z[1], 0xdd));
-    __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(z[2], z[3], 0x88), _mm512_shuffle_f32x4(z[2], z[3], 0xdd));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xdd));
-}
-
 // 16 dims of key/value row `row` as floats, before any per-row scale.
 static inline __m512 load16(const Cache* c, const void* base, size_t row, int D, int d) {
     switch (c->kind) {
@@ -533,66 +531,239 @@ static inline __m512 load16(const Cache* c, const void* base, size_t row, int D,
 }
 #endif
 
-// Attention of `nq` query heads sharing kv head `h`, one position: out[i] = softmax(q_i K^T * scale) V
-// over slots 0..pos, reading the cache in its stored form. Every step runs in slot order with a fixed
-// lane layout that depends only on pos, so the result is the same in any pass.
-static void attend(const Cache* c, const KV* kv, int h, int pos, int D, int nq, const float* q, float scale,
-                   float* out, float* scores /* [nq][max_len] */, float* kbuf) {
-    const int n = pos + 1;
-    const size_t base = (size_t)h * c->max_len;
+// Attention is computed in blocks of ATT_BLOCK keys (slots [b*ATT_BLOCK, ...)): each block yields, per query
+// head, its own softmax max, sum and unnormalised weighted sum of values; `attend_combine` merges the blocks
+// in block order. The blocks are the unit of work (a long context splits across threads at decode) and
+// depend only on the position, so a position's result is the same in any pass.
+constexpr int ATT_BLOCK = 256;
+static_assert(ATT_BLOCK <= 512, "int16 weights x int8 values summed in int32 over a block must not overflow");
+
 #if PARLEY_VNNI
+template <bool FLOAT>
+static inline __m512i add16(__m512i a, __m512i b) {
+    if (FLOAT) return _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b)));
+    return _mm512_add_epi32(a, b);
+}
+
+// 16 vectors -> one vector whose lane i is the sum of v[i]'s lanes: a fixed tree of shuffles and adds,
+// of fp32 lanes (FLOAT) or int32 lanes (exact).
+template <bool FLOAT>
+static inline __m512i transpose_sum16(const __m512i* v) {
+    __m512i z[4];
+    for (int g = 0; g < 4; g++) {
+        __m512i x[2];
+        for (int h = 0; h < 2; h++) {
+            __m512i a = v[g * 4 + h * 2], b = v[g * 4 + h * 2 + 1];
+            x[h] = add16<FLOAT>(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+        }
+        z[g] = add16<FLOAT>(_mm512_unpacklo_epi64(x[0], x[1]), _mm512_unpackhi_epi64(x[0], x[1]));
+    }
+    __m512i s01 = add16<FLOAT>(_mm512_shuffle_i32x4(z[0], z[1], 0x88), _mm512_shuffle_i32x4(z[0], z[1], 0xdd));
+    __m512i s23 = add16<FLOAT>(_mm512_shuffle_i32x4(z[2], z[3], 0x88), _mm512_shuffle_i32x4(z[2], z[3], 0xdd));
+    return add16<FLOAT>(_mm512_shuffle_i32x4(s01, s23, 0x88), _mm512_shuffle_i32x4(s01, s23, 0xdd));
+}
+#endif
+
+#if PARLEY_VNNI
+// Calls f(std::integral_constant<int, nq>) for nq in 1..8: the per-head loops below unroll into registers.
+template <class F>
+static inline void dispatch_nq(int nq, F&& f) {
+    switch (nq) {
+    case 1: f(std::integral_constant<int, 1>()); break;
+    case 2: f(std::integral_constant<int, 2>()); break;
+    case 3: f(std::integral_constant<int, 3>()); break;
+    case 4: f(std::integral_constant<int, 4>()); break;
+    case 5: f(std::integral_constant<int, 5>()); break;
+    case 6: f(std::integral_constant<int, 6>()); break;
+    case 7: f(std::integral_constant<int, 7>()); break;
+    default: f(std::integral_constant<int, 8>()); break;
+    }
+}
+
+// int8 keys (head_dim 64): q quantized to int16 per head (relative error 2^-16), int16 pair dot products,
+// exact int32 sums, then one float scale per (head, key).
+template <int NQ>
+static void scores_int8(const Cache* c, const KV* kv, size_t base, int j0, int n, const float* q, float scale, float* s) {
+    __m512i qlo[NQ], qhi[NQ];
+    float qs[NQ];
+    for (int i = 0; i < NQ; i++) {
+        float amax = 0.0f;
+        for (int d = 0; d < 64; d++) amax = std::fmax(amax, std::fabs(q[i * 64 + d]));
+        qs[i] = amax / 32767.0f;
+        const float inv = amax > 0 ? 32767.0f / amax : 0.0f;
+        alignas(64) int16_t q16[64];
+        for (int d = 0; d < 64; d++) q16[d] = (int16_t)std::nearbyint(q[i * 64 + d] * inv);
+        qlo[i] = _mm512_load_si512((const void*)q16);
+        qhi[i] = _mm512_load_si512((const void*)(q16 + 32));
+    }
+    const int8_t* K8 = (const int8_t*)kv->k + (base + j0) * 64;
+    for (int jb = 0; jb < n; jb += 16) {
+        const int cnt = n - jb < 16 ? n - jb : 16;
+        const __mmask16 mask = (__mmask16)((1u << cnt) - 1);
+        __m512i acc[NQ][16];
+        for (int jj = 0; jj < 16; jj++) {
+            if (jj >= cnt) {
+                for (int i = 0; i < NQ; i++) acc[i][jj] = _mm512_setzero_si512();
+                continue;
+            }
+            const int8_t* kr = K8 + (size_t)(jb + jj) * 64;
+            const __m512i klo = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)kr));
+            const __m512i khi = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(kr + 32)));
+            for (int i = 0; i < NQ; i++)
+                acc[i][jj] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), klo, qlo[i]), khi, qhi[i]);
+        }
+        const __m512 ks = _mm512_maskz_loadu_ps(mask, kv->ks + base + j0 + jb);
+        for (int i = 0; i < NQ; i++) {
+            const __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(transpose_sum16<false>(acc[i])),
+                                            _mm512_mul_ps(ks, _mm512_set1_ps(qs[i] * scale)));
+            _mm512_mask_storeu_ps(s + (size_t)i * ATT_BLOCK + jb, mask, sc);
+        }
+    }
+}
+
+// int8 values (head_dim 64): the weights e_j * vs_j quantized to int16 per head and block (relative error
+// 2^-16 of the block's largest), two keys per instruction (int16 pairs), exact int32 sums.
+template <int NQ>
+static void values_int8(const Cache* c, const KV* kv, size_t base, int j0, int n, float* s, float* part) {
+    alignas(64) int16_t u[NQ][ATT_BLOCK + 32];
+    float cq[NQ];
+    const float* vs = kv->vs + base + j0;
+    for (int i = 0; i < NQ; i++) {
+        float* si = s + (size_t)i * ATT_BLOCK;
+        __m512 mv = _mm512_setzero_ps();
+        for (int j = 0; j < n; j += 16) {
+            const __mmask16 mask = (__mmask16)(n - j >= 16 ? 0xffff : (1u << (n - j)) - 1);
+            const __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, si + j), _mm512_maskz_loadu_ps(mask, vs + j));
+            _mm512_storeu_ps(si + j, w);  // s has room for whole vectors (ATT_BLOCK is a multiple of 16)
+            mv = _mm512_max_ps(mv, w);
+        }
+        const float wmax = _mm512_reduce_max_ps(mv);
+        cq[i] = wmax / 32767.0f;
+        const __m512 inv = _mm512_set1_ps(wmax > 0 ? 32767.0f / wmax : 0.0f);
+        for (int j = 0; j < n; j += 16) {
+            const __mmask16 mask = (__mmask16)(n - j >= 16 ? 0xffff : (1u << (n - j)) - 1);
+            const __m512i q = _mm512_maskz_cvtps_epi32(mask, _mm512_mul_ps(_mm512_loadu_ps(si + j), inv));
+            _mm256_storeu_si256((__m256i*)(u[i] + j), _mm512_cvtepi32_epi16(q));  // zero past n
+        }
+        u[i][n] = 0;  // an odd count pairs the last key with a zero weight
+    }
+    const int8_t* V8 = (const int8_t*)kv->v + (base + j0) * 64;
+    __m512i acc[NQ][4];
+    for (int i = 0; i < NQ; i++)
+        for (int t = 0; t < 4; t++) acc[i][t] = _mm512_setzero_si512();
+    for (int j = 0; j < n; j += 2) {
+        const int8_t* ra = V8 + (size_t)j * 64;
+        const __m256i* rb = (const __m256i*)(j + 1 < n ? ra + 64 : ra);  // weight 0 when past the end
+        const __m512i alo = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)ra));
+        const __m512i ahi = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(ra + 32)));
+        const __m512i blo = _mm512_cvtepi8_epi16(_mm256_loadu_si256(rb));
+        const __m512i bhi = _mm512_cvtepi8_epi16(_mm256_loadu_si256(rb + 1));
+        const __m512i x[4] = {_mm512_unpacklo_epi16(alo, blo), _mm512_unpackhi_epi16(alo, blo),
+                              _mm512_unpacklo_epi16(ahi, bhi), _mm512_unpackhi_epi16(ahi, bhi)};
+        for (int i = 0; i < NQ; i++) {
+            int32_t pair;
+            std::memcpy(&pair, u[i] + j, 4);
+            const __m512i w = _mm512_set1_epi32(pair);
+            for (int t = 0; t < 4; t++) acc[i][t] = _mm512_dpwssd_epi32(acc[i][t], x[t], w);
+        }
+    }
+    // lane e of x[t] holds dim 32 * (t / 2) + 8 * (e / 4) + 4 * (t % 2) + e % 4
+    for (int i = 0; i < NQ; i++) {
+        alignas(64) int32_t r[4][16];
+        for (int t = 0; t < 4; t++) _mm512_store_si512((void*)r[t], acc[i][t]);
+        float* o = part + (size_t)i * 66;
+        for (int t = 0; t < 4; t++)
+            for (int e = 0; e < 16; e++) o[32 * (t / 2) + 8 * (e / 4) + 4 * (t % 2) + e % 4] = (float)r[t][e] * cq[i];
+    }
+}
+#endif
+
+// Scaled scores of keys [j0, j1) for nq query heads -> s[i][j - j0].
+static void block_scores(const Cache* c, const KV* kv, int h, int j0, int j1, int D, int nq, const float* q,
+                         float scale, float* s) {
+    const size_t base = (size_t)h * c->max_len;
+    const int n = j1 - j0;
+#if PARLEY_VNNI
+    if (c->kind >= KV_INT8 && D == 64 && nq <= 8) return dispatch_nq(nq, [&](auto k) { scores_int8<decltype(k)::value>(c, kv, base, j0, n, q, scale, s); });
     if (D % 16 == 0 && D <= 256 && nq <= 8) {
         const int nd = D / 16;
         __m512 qv[8][16];
         for (int i = 0; i < nq; i++)
             for (int t = 0; t < nd; t++) qv[i][t] = _mm512_loadu_ps(q + i * D + t * 16);
         const bool scaled = c->kind >= KV_INT8;
-        int j0 = 0;
-        for (; j0 < n; j0 += 16) {
-            const int cnt = n - j0 < 16 ? n - j0 : 16;
-            __m512 part[8][16];
+        for (int jb = 0; jb < n; jb += 16) {
+            const int cnt = n - jb < 16 ? n - jb : 16;
+            const __mmask16 mask = (__mmask16)((1u << cnt) - 1);
+            __m512i part[8][16];
             for (int jj = 0; jj < 16; jj++) {
                 if (jj >= cnt) {
-                    for (int i = 0; i < nq; i++) part[i][jj] = _mm512_setzero_ps();
+                    for (int i = 0; i < nq; i++) part[i][jj] = _mm512_setzero_si512();
                     continue;
                 }
                 __m512 acc[8];
                 for (int i = 0; i < nq; i++) acc[i] = _mm512_setzero_ps();
                 for (int t = 0; t < nd; t++) {
-                    __m512 kx = load16(c, kv->k, base + j0 + jj, D, t * 16);
+                    __m512 kx = load16(c, kv->k, base + j0 + jb + jj, D, t * 16);
                     for (int i = 0; i < nq; i++) acc[i] = _mm512_fmadd_ps(qv[i][t], kx, acc[i]);
                 }
-                for (int i = 0; i < nq; i++) part[i][jj] = acc[i];
+                for (int i = 0; i < nq; i++) part[i][jj] = _mm512_castps_si512(acc[i]);
             }
-            __m512 ks = scaled ? _mm512_maskz_loadu_ps((__mmask16)((1u << cnt) - 1), kv->ks + base + j0)
-                               : _mm512_set1_ps(1.0f);
+            const __m512 ks = scaled ? _mm512_maskz_loadu_ps(mask, kv->ks + base + j0 + jb) : _mm512_set1_ps(1.0f);
             for (int i = 0; i < nq; i++) {
-                __m512 sc = _mm512_mul_ps(_mm512_mul_ps(transpose_sum16(part[i]), ks), _mm512_set1_ps(scale));
-                _mm512_mask_storeu_ps(scores + (size_t)i * c->max_len + j0, (__mmask16)((1u << cnt) - 1), sc);
+                __m512 sc = _mm512_mul_ps(_mm512_mul_ps(_mm512_castsi512_ps(transpose_sum16<true>(part[i])), ks), _mm512_set1_ps(scale));
+                _mm512_mask_storeu_ps(s + (size_t)i * ATT_BLOCK + jb, mask, sc);
             }
         }
-        float inv_sum[8];
+        return;
+    }
+#endif
+    float kbuf[512];  // head_dim <= 512 (checked by parley_forward)
+    for (int j = 0; j < n; j++) {
+        load_k(c, kv, h, j0 + j, D, kbuf);
         for (int i = 0; i < nq; i++) {
-            float* s = scores + (size_t)i * c->max_len;
-            __m512 mv = _mm512_set1_ps(-INFINITY);
-            int j = 0;
-            for (; j + 16 <= n; j += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(s + j));
-            float mx = _mm512_reduce_max_ps(mv);
-            for (; j < n; j++) mx = std::fmax(mx, s[j]);
-            __m512 vsum = _mm512_setzero_ps();
-            j = 0;
-            for (; j + 16 <= n; j += 16) {
-                __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(mx)));
-                _mm512_storeu_ps(s + j, e);
-                vsum = _mm512_add_ps(vsum, e);
-            }
-            float sum = hsum(vsum);
-            for (; j < n; j++) {
-                s[j] = exp_scalar(s[j] - mx);
-                sum += s[j];
-            }
-            inv_sum[i] = 1.0f / sum;
+            float acc = 0.0f;
+            for (int d = 0; d < D; d++) acc += q[i * D + d] * kbuf[d];
+            s[(size_t)i * ATT_BLOCK + j] = acc * scale;
         }
+    }
+}
+
+// part[i] = {o[D], max, sum} for keys [j0, j1): o = sum_j e^{s_j - max} v_j.
+static void attend_block(const Cache* c, const KV* kv, int h, int j0, int j1, int D, int nq, const float* q,
+                         float scale, float* part, float* s /* [nq][ATT_BLOCK] */) {
+    const size_t base = (size_t)h * c->max_len;
+    const int n = j1 - j0;
+    block_scores(c, kv, h, j0, j1, D, nq, q, scale, s);
+    for (int i = 0; i < nq; i++) {  // the block's softmax numerators
+        float* si = s + (size_t)i * ATT_BLOCK;
+        float mx = -INFINITY, sum = 0.0f;
+        int j = 0;
+#if PARLEY_VNNI
+        __m512 mv = _mm512_set1_ps(-INFINITY);
+        for (; j + 16 <= n; j += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(si + j));
+        mx = _mm512_reduce_max_ps(mv);
+        for (int r = j; r < n; r++) mx = std::fmax(mx, si[r]);
+        __m512 vsum = _mm512_setzero_ps();
+        for (j = 0; j + 16 <= n; j += 16) {
+            const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(si + j), _mm512_set1_ps(mx)));
+            _mm512_storeu_ps(si + j, e);
+            vsum = _mm512_add_ps(vsum, e);
+        }
+        sum = hsum(vsum);
+#else
+        for (int r = 0; r < n; r++) mx = std::fmax(mx, si[r]);
+#endif
+        for (; j < n; j++) {
+            si[j] = exp_scalar(si[j] - mx);
+            sum += si[j];
+        }
+        part[(size_t)i * (D + 2) + D] = mx;
+        part[(size_t)i * (D + 2) + D + 1] = sum;
+    }
+#if PARLEY_VNNI
+    if (c->kind == KV_INT8 && D == 64 && nq <= 8) return dispatch_nq(nq, [&](auto k) { values_int8<decltype(k)::value>(c, kv, base, j0, n, s, part); });
+    if (D % 16 == 0 && D <= 256 && nq <= 8) {
+        const int nd = D / 16;
         __m512 o[8][16];
         for (int i = 0; i < nq; i++)
             for (int t = 0; t < nd; t++) o[i][t] = _mm512_setzero_ps();
@@ -600,7 +771,7 @@ static void attend(const Cache* c, const KV* kv, int h, int pos, int D, int nq, 
             // v = q * s_g + m_g per 32 dims: the minimum's share is summed per group and added at the end
             float msum[8][8] = {};
             for (int j = 0; j < n; j++) {
-                const size_t row = base + j;
+                const size_t row = base + j0 + j;
                 const uint8_t* vq = (const uint8_t*)kv->v + row * (D / 2);
                 const float* vs = kv->vs + row * (D / 32);
                 const float* vm = kv->vm + row * (D / 32);
@@ -609,66 +780,62 @@ static void attend(const Cache* c, const KV* kv, int h, int pos, int D, int nq, 
                     const uint8_t* src = d < D / 2 ? vq + d : vq + d - D / 2;
                     __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)src));
                     b = d < D / 2 ? _mm512_and_si512(b, _mm512_set1_epi32(15)) : _mm512_srli_epi32(b, 4);
-                    __m512 vx = _mm512_cvtepi32_ps(b);
-                    for (int i = 0; i < nq; i++) {
-                        const float p = scores[(size_t)i * c->max_len + j];
-                        o[i][t] = _mm512_fmadd_ps(_mm512_set1_ps(p * vs[g]), vx, o[i][t]);
-                    }
+                    const __m512 vx = _mm512_cvtepi32_ps(b);
+                    for (int i = 0; i < nq; i++)
+                        o[i][t] = _mm512_fmadd_ps(_mm512_set1_ps(s[(size_t)i * ATT_BLOCK + j] * vs[g]), vx, o[i][t]);
                 }
                 for (int i = 0; i < nq; i++)
-                    for (int g = 0; g < D / 32; g++) msum[i][g] += scores[(size_t)i * c->max_len + j] * vm[g];
+                    for (int g = 0; g < D / 32; g++) msum[i][g] += s[(size_t)i * ATT_BLOCK + j] * vm[g];
             }
             for (int i = 0; i < nq; i++)
-                for (int t = 0; t < nd; t++)
-                    o[i][t] = _mm512_add_ps(o[i][t], _mm512_set1_ps(msum[i][t * 16 / 32]));
+                for (int t = 0; t < nd; t++) o[i][t] = _mm512_add_ps(o[i][t], _mm512_set1_ps(msum[i][t * 16 / 32]));
         } else {
             for (int j = 0; j < n; j++) {
-                const size_t row = base + j;
+                const size_t row = base + j0 + j;
                 const float vsc = c->kind == KV_INT8 ? kv->vs[row] : 1.0f;
                 __m512 pw[8];
-                for (int i = 0; i < nq; i++) pw[i] = _mm512_set1_ps(scores[(size_t)i * c->max_len + j] * vsc);
+                for (int i = 0; i < nq; i++) pw[i] = _mm512_set1_ps(s[(size_t)i * ATT_BLOCK + j] * vsc);
                 for (int t = 0; t < nd; t++) {
-                    __m512 vx = load16(c, kv->v, row, D, t * 16);
+                    const __m512 vx = load16(c, kv->v, row, D, t * 16);
                     for (int i = 0; i < nq; i++) o[i][t] = _mm512_fmadd_ps(pw[i], vx, o[i][t]);
                 }
             }
         }
         for (int i = 0; i < nq; i++)
-            for (int t = 0; t < nd; t++)
-                _mm512_storeu_ps(out + i * D + t * 16, _mm512_mul_ps(o[i][t], _mm512_set1_ps(inv_sum[i])));
+            for (int t = 0; t < nd; t++) _mm512_storeu_ps(part + (size_t)i * (D + 2) + t * 16, o[i][t]);
         return;
     }
 #endif
-    for (int j = 0; j < n; j++) {
-        load_k(c, kv, h, j, D, kbuf);
-        for (int i = 0; i < nq; i++) {
-            float acc = 0.0f;
-            for (int d = 0; d < D; d++) acc += q[i * D + d] * kbuf[d];
-            scores[(size_t)i * c->max_len + j] = acc * scale;
-        }
-    }
-    float inv_sum[64];
-    for (int i = 0; i < nq; i++) {
-        float* s = scores + (size_t)i * c->max_len;
-        float mx = s[0];
-        for (int j = 1; j < n; j++) mx = std::fmax(mx, s[j]);
-        float sum = 0.0f;
-        for (int j = 0; j < n; j++) {
-            s[j] = exp_scalar(s[j] - mx);
-            sum += s[j];
-        }
-        inv_sum[i] = 1.0f / sum;
-    }
-    for (int i = 0; i < nq * D; i++) out[i] = 0.0f;
-    for (int j = 0; j < n; j++) {
-        load_v(c, kv, h, j, D, kbuf);
-        for (int i = 0; i < nq; i++) {
-            const float p = scores[(size_t)i * c->max_len + j];
-            for (int d = 0; d < D; d++) out[i * D + d] += p * kbuf[d];
-        }
-    }
+    float vbuf[512];
     for (int i = 0; i < nq; i++)
-        for (int d = 0; d < D; d++) out[i * D + d] *= inv_sum[i];
+        for (int d = 0; d < D; d++) part[(size_t)i * (D + 2) + d] = 0.0f;
+    for (int j = 0; j < n; j++) {
+        load_v(c, kv, h, j0 + j, D, vbuf);
+        for (int i = 0; i < nq; i++) {
+            const float p = s[(size_t)i * ATT_BLOCK + j];
+            for (int d = 0; d < D; d++) part[(size_t)i * (D + 2) + d] += p * vbuf[d];
+        }
+    }
+}
+
+// out[i] = the softmax-weighted values of query head i from `nblocks` partials, merged in block order.
+static void attend_combine(const float* parts, int nblocks, int nq, int D, float* out) {
+    const size_t stride = (size_t)nq * (D + 2);
+    for (int i = 0; i < nq; i++) {
+        float gmax = -INFINITY;
+        for (int b = 0; b < nblocks; b++) gmax = std::fmax(gmax, parts[b * stride + (size_t)i * (D + 2) + D]);
+        float* o = out + (size_t)i * D;
+        for (int d = 0; d < D; d++) o[d] = 0.0f;
+        float sum = 0.0f;
+        for (int b = 0; b < nblocks; b++) {
+            const float* p = parts + b * stride + (size_t)i * (D + 2);
+            const float w = exp_scalar(p[D] - gmax);
+            sum += p[D + 1] * w;
+            for (int d = 0; d < D; d++) o[d] += p[d] * w;
+        }
+        const float inv = 1.0f / sum;
+        for (int d = 0; d < D; d++) o[d] *= inv;
+    }
 }
 
 // out[j] = silu(gate[j]) * up[j] from the gate/up product interleaved by 16 columns.
@@ -754,6 +921,7 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
     const int QKV = (H + 2 * KVH) * D;
     const int maxK = std::max(std::max(I, dim), H * D);
     if (g_threads > 0) omp_set_num_threads(g_threads);
+    if (D > 512 || (H / KVH) > 8 || H % KVH) return -2;
     for (int m = 0; m < M; m++)
         if (positions[m] < 0 || positions[m] >= cache->max_len || positions[m] >= md->max_pos) return -1;
     float* x = (float*)scratch((size_t)M * dim * 4);
@@ -764,13 +932,16 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
     float* tmp = (float*)scratch((size_t)M * dim * 4);
     Act a = new_act(M, maxK);
     const int nthreads = omp_get_max_threads();
-    float* att_scores = (float*)scratch((size_t)nthreads * (H / KVH) * cache->max_len * 4);
-    float* att_buf = (float*)scratch((size_t)nthreads * D * 4);
+    int max_p = 0;
+    for (int m = 0; m < M; m++) max_p = std::max(max_p, (int)positions[m]);
+    const int nblk = max_p / ATT_BLOCK + 1, G = H / KVH;
+    const size_t part_stride = (size_t)G * (D + 2);  // one block's partial for one kv head
+    float* parts = (float*)scratch((size_t)M * KVH * nblk * part_stride * 4);
+    float* att_scores = (float*)scratch((size_t)nthreads * G * ATT_BLOCK * 4);
     const float scale = 1.0f / std::sqrt((float)D);
 
     for (int m = 0; m < M; m++) std::memcpy(x + (size_t)m * dim, md->embed + (size_t)tokens[m] * dim, dim * 4);
     const int first = last_only ? M - 1 : 0, rows = M - first;
-    const int G = H / KVH;
 
     // One parallel region for the whole pass: each step below splits its rows / columns / heads over the
     // threads and ends at the barrier of its `omp for`.
@@ -802,13 +973,20 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
                 kv_write(cache, kv, h, p, D, row + (H + h) * D, row + (H + KVH + h) * D);
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int t = 0; t < M * KVH; t++) {
-            const int m = t / KVH, h = t % KVH, tid = omp_get_thread_num();
-            attend(cache, kv, h, (int)positions[m], D, G, qkv + (size_t)m * QKV + h * G * D, scale,
-                   att + (size_t)m * H * D + h * G * D, att_scores + (size_t)tid * G * cache->max_len,
-                   att_buf + (size_t)tid * D);
+        for (int t = 0; t < M * KVH * nblk; t++) {  // (position, kv head, key block): partial attention
+            const int m = t / (KVH * nblk), h = t / nblk % KVH, b = t % nblk, p = (int)positions[m];
+            if (b * ATT_BLOCK > p) continue;
+            attend_block(cache, kv, h, b * ATT_BLOCK, std::min(p + 1, (b + 1) * ATT_BLOCK), D, G,
+                         qkv + (size_t)m * QKV + h * G * D, scale, parts + ((size_t)m * KVH + h) * nblk * part_stride
+                         + b * part_stride, att_scores + (size_t)omp_get_thread_num() * G * ATT_BLOCK);
         }
-        if (L->o.kind != W_F32) quantize_acts(att, M, H * D, L->o.group, &a);
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; m++) {  // merge the blocks, then quantize for the output projection
+            for (int h = 0; h < KVH; h++)
+                attend_combine(parts + ((size_t)m * KVH + h) * nblk * part_stride, (int)positions[m] / ATT_BLOCK + 1,
+                               G, D, att + (size_t)m * H * D + h * G * D);
+            if (L->o.kind != W_F32) quantize_row(att + (size_t)m * H * D, H * D, L->o.group, &a, m);
+        }
         linear(&L->o, M, att, &a, tmp);
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++) {
@@ -839,7 +1017,8 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
     }
     std::free(x); std::free(xn); std::free(qkv); std::free(att); std::free(gu); std::free(tmp);
     free_act(&a);
-    std::free(att_scores); std::free(att_buf);
+    std::free(att_scores);
+    std::free(parts);
     return 0;
 }
 

@@ -36,7 +36,7 @@ def make_app(tmp_path: Path, engine: FakeEngine | None = None, *, app_class: typ
 
 async def ready(app: ParleyApp, pilot) -> None:
     """Wait for the engine to load and the chat screen to show."""
-    await wait_until(lambda: app.engine is not None and app._loading is None)
+    await wait_until(lambda: app.engine is not None and app.engines.loading is None)
     await pilot.pause()
 
 

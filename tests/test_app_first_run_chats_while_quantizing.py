@@ -81,7 +81,7 @@ async def test_chat_starts_on_fp_and_switches_to_int4_between_replies(tmp_path):
         await send(app, pilot, "hi")
         await wait_until(loads.fp.holding.is_set)
         loads.finish.set()
-        await wait_until(lambda: app._next_engine is loads.int4)
+        await wait_until(lambda: app.engines.next_engine is loads.int4)
         assert app.engine is loads.fp  # never mid-reply
         loads.fp.release.set()
         await wait_until(lambda: app.engine is loads.int4 and not app.generating)

@@ -7,7 +7,7 @@ from app_support import make_app, ready, wait_until
 from fake_engine import FakeEngine
 from textual import events
 
-from parley.app.chat_app import SUMMARISE_PROMPT
+from parley.app.attachments import SUMMARISE_PROMPT
 from parley.app.paste_budget import budget, fit_text
 from parley.app.screens.dialogs import TooLongScreen
 

@@ -28,3 +28,22 @@ def test_json_has_every_model(tmp_path, capsys, monkeypatch):
     assert out["results"]["awq_int4"]["head"] == "fp"  # --kernels reference: the quantization alone
     assert out["results"]["fp32"]["vs_fp32"] == 0 and out["chunks"] == 2 and out["peak_rss_mb"] > 0
     assert "PARLEY_KERNELS" not in os.environ
+
+
+def test_kv_cache_mode_scores_each_cache_type_against_fp(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = write_hf_dir(outlier_model(), tmp_path / "tiny")
+    text = tmp_path / "heldout.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    p = argparse.ArgumentParser()
+    bench_quality.add_arguments(p)
+    args = p.parse_args(["--model", str(model), "--text", str(text), "--chunk", "128", "--max-chunks", "2",
+                         "--kv-cache", "int8,k8v4", "--json"])
+    assert bench_quality.run(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mode"] == "kv_cache" and list(out["results"]) == ["fp", "int8", "k8v4"]
+    assert out["results"]["fp"]["vs_fp"] == 0
+    # quantized caches change the scores a little, never a lot (a tiny random model: loose bounds)
+    for kind in ("int8", "k8v4"):
+        assert out["results"][kind]["ppl"] != out["results"]["fp"]["ppl"]
+        assert abs(out["results"][kind]["vs_fp"]) < 0.5

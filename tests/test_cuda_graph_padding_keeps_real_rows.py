@@ -46,3 +46,28 @@ def test_off_cuda_the_step_runs_eagerly() -> None:
     step = GraphedStep(lambda t, p, window: calls.append(window) or t.float(), "cpu", capacity=64)
     out = step(torch.tensor([[1, 2]]), torch.tensor([[0, 1]]), window=32)
     assert calls == [32] and out.tolist() == [[1.0, 2.0]] and not step.graphs
+
+
+def test_cached_model_steps_through_the_graph_wrapper_and_survives_a_failed_capture() -> None:
+    """CachedModel sends decode/verify passes through its GraphedStep when graphs are on. Forced on here,
+    on the CPU, every capture fails: each shape must fall back to eager (reason recorded) with logits
+    equal to a plain CachedModel's, and prefill (last_only) never goes through the wrapper."""
+    from parley.engine.cached_model import CachedModel
+
+    torch.manual_seed(SEED)
+    model = tiny_model(seed=SEED, max_len=64)
+    plain, graphed = CachedModel(model, 64), CachedModel(model, 64)
+    assert plain.graphed is None  # graphs are a CUDA feature
+    graphed.graphed = GraphedStep(graphed._graph_step, "cpu", graphed.max_len)
+    graphed.graphed.enabled = True
+    prompt = torch.randint(0, 259, (12,)).tolist()
+    for cm in (plain, graphed):
+        cm.sync(prompt)
+    assert not graphed.graphed.fallbacks  # prefill ran eagerly, outside the wrapper
+    for tokens in ([5], [6, 7, 8], [9]):
+        want, got = plain.forward(tokens), graphed.forward(tokens)
+        assert torch.equal(want, got), f"seed {SEED}: {tokens}"
+        plain.commit(len(tokens))
+        graphed.commit(len(tokens))
+    assert len(graphed.graphed.fallbacks) == 2  # buckets 1 and 4 (same window), each tried once
+    assert graphed.graphed.replays == 0

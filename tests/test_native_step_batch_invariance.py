@@ -127,3 +127,20 @@ def test_quantized_caches_hold_what_the_pytorch_path_would_store(kind: str) -> N
     assert (k - k_ref).abs().max() < step * k_ref.abs().max()
     assert (v - v_ref).abs().max() < step * v_ref.abs().max()
     assert ((got - ref).norm() / ref.norm()).item() < 0.05
+
+
+@pytest.mark.parametrize("kind", KV_CACHE_TYPES)
+def test_attention_over_many_key_blocks_matches_the_pytorch_path(kind: str) -> None:
+    """590 positions span three of the native step's 256-key attention blocks (merged per position);
+    int8 keys meet a query quantized to int16, int8 values weights quantized to int16: close to the PyTorch
+    path's float attention over the same stored cache."""
+    model = small_model(False, 8)
+    rng = random.Random(8)
+    ids = [rng.randrange(300) for _ in range(590)]
+    ref = logits_in_chunks(model, ids, [590], kind)
+    assert attach(model, head_bits=32) is None
+    got = logits_in_chunks(model, ids, [500, 90], kind)
+    tol = {"fp": 1e-5, "bf16": 1e-3}.get(kind, 2e-3)
+    for lo, hi in [(0, 256), (256, 512), (512, 590)]:
+        err = ((got[lo:hi] - ref[lo:hi]).norm() / ref[lo:hi].norm()).item()
+        assert err < tol, f"seed=8 kind={kind} positions {lo}..{hi}: relative error {err}"

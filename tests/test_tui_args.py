@@ -25,4 +25,4 @@ def test_chat_flags_build_the_app(monkeypatch):
     app = seen["app"]
     assert app.model_ref == "org/m" and app.system_prompt == "Be brief."
     assert (app.params.temperature, app.params.speculation) == (0.3, "off")
-    assert app._load_engine.__self__.quant == "none"  # --quant reaches the loader
+    assert app.engines._load_engine.__self__.quant == "none"  # --quant reaches the loader

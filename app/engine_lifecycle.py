@@ -1,0 +1,147 @@
+"""Loading and switching engines: the first load, its progress screen, and a better engine made later.
+
+Loading (maybe downloading and quantizing) runs on a worker thread; progress is throttled and marshalled
+to the UI thread. An upgrade (e.g. AWQ INT4 after a first run on the unquantized weights) is made in the
+background and switched to between replies, never mid-reply.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from textual.worker import Worker
+
+from parley.app.screens.loading import LoadingScreen
+from parley.engine.protocol import EngineLike
+from parley.models.progress import Progress, ProgressFn
+
+if TYPE_CHECKING:
+    from parley.app.chat_app import ParleyApp
+
+EngineLoader = Callable[[ProgressFn | None], EngineLike]
+# A second, better engine made in the background (e.g. AWQ INT4 after a first run on the unquantized
+# weights); None when there is nothing to upgrade to.
+EngineUpgrade = Callable[[ProgressFn | None], EngineLike | None]
+
+PROGRESS_INTERVAL_S = 0.1
+
+
+class EngineLifecycle:
+    """Owns the loading screen while one shows, and the engine waiting to be switched to; sets `app.engine`."""
+
+    def __init__(self, app: ParleyApp, load_engine: EngineLoader, upgrade_engine: EngineUpgrade | None) -> None:
+        self.app = app
+        self._load_engine = load_engine
+        self._upgrade_engine = upgrade_engine
+        self.loading: LoadingScreen | None = None  # shown only for real work: a download, a quantization
+        self.next_engine: EngineLike | None = None  # ready in the background, switched to between replies
+
+    def load(self) -> Worker[None]:
+        """Load in a thread; a new load (a retry) replaces one still running."""
+        return self.app.run_worker(self._load, name="load_engine", group="load", exclusive=True, thread=True,
+                                   exit_on_error=False)
+
+    def _load(self) -> None:
+        app = self.app
+        try:
+            engine = self._load_engine(self._throttled(self._show_progress))
+        except Exception as error:  # shown to the user with what to do
+            app.call_from_thread(self._load_failed, error)
+        else:
+            app.call_from_thread(self._engine_ready, engine)
+
+    def _throttled(self, show: Callable[[Progress], None]) -> ProgressFn:
+        """Progress from a worker thread, at most ~10 a second but never dropping a new stage or an end."""
+        last, last_stage = 0.0, ""
+
+        def progress(p: Progress) -> None:
+            nonlocal last, last_stage
+            now = time.monotonic()
+            finished = bool(p.total) and p.done >= p.total
+            if now - last >= PROGRESS_INTERVAL_S or finished or p.stage != last_stage:
+                last, last_stage = now, p.stage
+                self.app.call_from_thread(show, p)
+
+        return progress
+
+    def _show_progress(self, p: Progress) -> None:
+        app = self.app
+        # The progress screen appears only for real work (a download, a quantization), not a plain load.
+        if self.loading is None and p.stage in ("download", "quantize") and app.engine is None:
+            self.loading = LoadingScreen(app.model_ref)
+            app.push_screen(self.loading)
+            app.refresh_bindings()
+        if self.loading is not None:
+            self.loading.show_progress(p)
+        elif p.detail:
+            app.status.model = f"loading: {p.detail}"
+
+    def _load_failed(self, error: BaseException) -> None:
+        if self.loading is None:
+            self.loading = LoadingScreen(self.app.model_ref)
+            self.app.push_screen(self.loading)
+        self.loading.show_error(error)
+
+    def _engine_ready(self, engine: EngineLike) -> None:
+        app = self.app
+        self._use_engine(engine)
+        if self.loading is not None and app.screen is self.loading:
+            app.pop_screen()
+        self.loading = None
+        app.engine_loaded()
+        if self._upgrade_engine is not None:
+            self._upgrade()
+
+    def _use_engine(self, engine: EngineLike) -> None:
+        app = self.app
+        app.engine = engine
+        app.drop_session()  # the next reply re-reads the conversation with this engine
+        app.refresh_bindings()
+        app.status.model = engine.model_name
+        app.status.quantization = engine.quantization
+        app.status.context_window = engine.context_window
+        app.panel.set_capabilities(engine.capabilities)
+
+    def _upgrade(self) -> None:
+        """Make the better engine in the background; switch to it between replies."""
+        self.app.run_worker(self._make_upgrade, name="upgrade_engine", group="upgrade", exclusive=True,
+                            thread=True, exit_on_error=False)
+
+    def _make_upgrade(self) -> None:
+        assert self._upgrade_engine is not None
+        try:
+            engine = self._upgrade_engine(self._throttled(self._show_upgrade_progress))
+        except Exception as error:
+            self.app.call_from_thread(self._upgrade_failed, error)
+            return
+        if engine is not None:
+            self.app.call_from_thread(self._upgrade_ready, engine)
+
+    def _show_upgrade_progress(self, p: Progress) -> None:
+        if p.stage == "quantize" and p.total:
+            self.app.status.background = f"INT4 in the background: layer {int(p.done)}/{int(p.total)}"
+        else:
+            self.app.status.background = f"INT4 in the background: {p.detail or p.stage}"
+
+    def _upgrade_failed(self, error: BaseException) -> None:
+        self.app.status.background = ""
+        self.app.notify(f"INT4 quantization failed, staying on the unquantized model: {type(error).__name__}: "
+                        f"{error}", severity="warning", timeout=15, markup=False)
+
+    def _upgrade_ready(self, engine: EngineLike) -> None:
+        app = self.app
+        self.next_engine = engine
+        app.status.background = "INT4 ready: switching after this reply" if app.generating else ""
+        if not app.generating:
+            self.switch_pending()
+
+    def switch_pending(self) -> None:
+        """Switch to the engine made in the background, if one is waiting: call only between replies."""
+        engine, self.next_engine = self.next_engine, None
+        if engine is None:
+            return
+        self.app.status.background = ""
+        self._use_engine(engine)
+        self.app.notify(f"Switched to {engine.model_name} · {engine.quantization}: the next reply uses it")
