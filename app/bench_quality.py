@@ -42,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache", default=None, metavar="TYPES",
                         help="instead: the fp32 model (as the engine runs it) with each comma-separated KV cache "
                              "type (fp, bf16, int8, k8v4); use long chunks, e.g. --chunk 2048")
+    parser.add_argument("--summary-tokens", type=int, default=128,
+                        help="with --kv-cache: greedy tokens of a long-document summary compared with the fp cache's")
     add_json_argument(parser)
 
 
@@ -190,6 +192,24 @@ def run(args: argparse.Namespace) -> int:
     return emit(summary, args.json, lines)
 
 
+def greedy_summary(engine, kind: str, new_tokens: int) -> list[int]:
+    """Greedy tokens of a summary of the long test document, the KV cache stored as `kind`."""
+    from .bench_speculative import SUMMARY_PROMPT, document
+
+    engine.set_kv_cache(kind)
+    ids = engine.tokenizer.encode_chat([{"role": "user", "content": SUMMARY_PROMPT + document()}])
+    ids = ids[-(engine.context_window - new_tokens - 1):]
+    engine.reset_cache()
+    engine.prefill(ids[:-1])
+    tok, out = ids[-1], []
+    for _ in range(new_tokens):
+        logits = engine.forward([tok])
+        engine.commit([tok])
+        tok = int(logits[-1].argmax())
+        out.append(tok)
+    return out
+
+
 def kv_cache_quality(args: argparse.Namespace, fp, chunks, model_ref: str, text: list[str], say) -> int:
     """Perplexity of the fp32 model with each KV cache type, against the fp cache."""
     kinds = [k.strip() for k in args.kv_cache.split(",") if k.strip()]
@@ -200,13 +220,24 @@ def kv_cache_quality(args: argparse.Namespace, fp, chunks, model_ref: str, text:
         say(f"kv={kind:<5} ppl {results[kind]['ppl']:.4f}")
     for r in results.values():
         r["vs_fp"] = r["ppl"] / results["fp"]["ppl"] - 1
+    # Greedy agreement on a summary of a long document (assets/speculative/document.md), against the fp cache.
+    summaries = {kind: greedy_summary(fp, kind, args.summary_tokens) for kind in results}
+    for kind, r in results.items():
+        same = sum(a == b for a, b in zip(summaries[kind], summaries["fp"], strict=True))
+        first = next((i for i, (a, b) in enumerate(zip(summaries[kind], summaries["fp"], strict=True)) if a != b),
+                     len(summaries["fp"]))
+        r["summary_agreement"] = same / len(summaries["fp"])
+        r["summary_same_prefix"] = first
     path = "native" if fp.model.native is not None else "pytorch"
     summary = {"bench": "quality", "mode": "kv_cache", "model": model_ref, "text": text, "chunk": args.chunk,
                "chunks": len(chunks), "scored_tokens": len(chunks) * (args.chunk - args.chunk // 2),
                "weights": "fp32", "path": path, "results": results}
 
     def lines(summary: dict) -> list[str]:
-        rows = [(f"kv={k}", f"{r['ppl']:.4f}", f"{100 * r['vs_fp']:+.2f}%") for k, r in results.items()]
-        return ["", *table(("KV cache", "ppl", "vs fp"), rows), f"fp32 weights, {path} path"]
+        rows = [(f"kv={k}", f"{r['ppl']:.4f}", f"{100 * r['vs_fp']:+.2f}%",
+                 f"{100 * r['summary_agreement']:.0f}% (first {r['summary_same_prefix']} identical)")
+                for k, r in results.items()]
+        return ["", *table(("KV cache", "ppl", "vs fp", f"greedy summary vs fp, {args.summary_tokens} tokens"), rows),
+                f"fp32 weights, {path} path"]
 
     return emit(summary, args.json, lines)

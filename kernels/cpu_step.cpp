@@ -28,14 +28,15 @@
 enum { W_Q4 = 0, W_F32 = 1, W_Q8 = 2 };
 enum { KV_F32 = 0, KV_BF16 = 1, KV_INT8 = 2, KV_K8V4 = 3 };
 
-// A linear layer y = x W^T (+ bias). Q4: q [N][K/64][32] bytes, byte j of a 64-chunk holds k = j (low
-// nibble) and k = j + 32 (high nibble); w = q * s[n][g] + m[n][g] per group of `group` inputs.
-// F32: w [N][K]. Q8 (output head): w8 [N][K] int8 stored + 128 as uint8, one scale per row in s.
+// A linear layer y = x W^T (+ bias). Q4: 4-bit q with w = (q - z) * s per group of `group` inputs, s fp16
+// (the checkpoint's own scales, bits in s16) and z uint8, in the column-block layout described at
+// q4_block. Q8 (output head): int8 with one fp32 scale per output column in s. F32: w [N][K].
 struct Lin {
     int32_t kind, N, K, group;
     const uint8_t* q;
     const float* s;
-    const float* m;
+    const uint16_t* s16;
+    const uint8_t* z;
     const float* w;
     const float* bias;
 };
@@ -94,6 +95,25 @@ static inline uint16_t f32_to_bf16(float f) {  // round to nearest even, as torc
     if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40);  // NaN stays NaN
     u += 0x7fff + ((u >> 16) & 1);
     return (uint16_t)(u >> 16);
+}
+
+static inline float half_to_f32(uint16_t h) {  // IEEE fp16 -> fp32, exact (the fallback's cvtph)
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    float f;
+    if (e == 0) {
+        f = std::ldexp((float)mant, -24);  // zero and subnormals
+    } else if (e == 31) {
+        const uint32_t u = 0x7f800000u | (mant << 13);
+        std::memcpy(&f, &u, 4);
+    } else {
+        const uint32_t u = ((e + 112) << 23) | (mant << 13);
+        std::memcpy(&f, &u, 4);
+    }
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u |= sign;
+    std::memcpy(&f, &u, 4);
+    return f;
 }
 
 static void rmsnorm_row(const float* x, const float* w, float* out, int n, float eps) {
@@ -208,7 +228,8 @@ static void quantize_acts(const float* x, int M, int K, int G, const Act* a) {
 // arithmetic whatever the tile of positions it is computed in.
 //
 // Q4 layout, per 16-column block and 64-input chunk: 8 vectors of 64 bytes; byte 4n + j of vector t holds
-// q[n][4t + j] (low nibble) and q[n][32 + 4t + j] (high nibble). s, m: [N/16][K/G][16].
+// q[n][4t + j] (low nibble) and q[n][32 + 4t + j] (high nibble). s16, z: [N/16][K/G][16]. The zero point
+// enters once per group through the activations' group sums: -z*s is exact in fp32 (an fp16 times 0..15).
 // Q8 layout (head): 16 vectors of 64 bytes per chunk; byte 4n + j of vector t is w[n][4t + j] + 128.
 
 static inline int32_t load_i32(const int8_t* p) {
@@ -223,7 +244,7 @@ static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y
     const int K = L->K, nc = K / 64, G = L->group, ng = K / G, cpg = G / 64;
     constexpr int P = R < 4 ? 2 : 1;  // independent partial sums per block: short dependency chains
     const uint8_t* wq = L->q + (size_t)nb * nc * 512;
-    const float* S = L->s + (size_t)nb * ng * 16;
+    const uint16_t* S = L->s16 + (size_t)nb * ng * 16;
     const __m512i lo = _mm512_set1_epi8(0x0f);
     __m512 acc[R];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
@@ -241,7 +262,7 @@ static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y
                 i1[r][t % P] = _mm512_dpbusd_epi32(i1[r][t % P], h, _mm512_set1_epi32(load_i32(x + 32)));
             }
         }
-        const __m512 s = _mm512_loadu_ps(S + (size_t)(ci / cpg) * 16);
+        const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(S + (size_t)(ci / cpg) * 16)));
         for (int r = 0; r < R; r++) {
             __m512i b0 = i0[r][0], b1 = i1[r][0];
             if (P == 2) {
@@ -253,14 +274,19 @@ static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b1), _mm512_mul_ps(_mm512_set1_ps(d[1]), s), acc[r]);
         }
     }
-    const float* Mz = L->m + (size_t)nb * ng * 16;
+    const uint8_t* Z = L->z + (size_t)nb * ng * 16;
     const int n0 = nb * 16, cnt = L->N - n0 < 16 ? L->N - n0 : 16;
     const __mmask16 mask = (__mmask16)((1u << cnt) - 1);
+    __m512 zs[R];  // sum over groups of -z*s times the group's activation sum
+    for (int r = 0; r < R; r++) zs[r] = _mm512_setzero_ps();
+    for (int g = 0; g < ng; g++) {
+        const __m512 zf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(Z + (size_t)g * 16))));
+        const __m512 sg = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(S + (size_t)g * 16)));
+        const __m512 mz = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(zf, sg));
+        for (int r = 0; r < R; r++) zs[r] = _mm512_fmadd_ps(mz, _mm512_set1_ps(a->gsum[(size_t)(m0 + r) * ng + g]), zs[r]);
+    }
     for (int r = 0; r < R; r++) {
-        const float* gs = a->gsum + (size_t)(m0 + r) * ng;
-        __m512 z = _mm512_setzero_ps();
-        for (int g = 0; g < ng; g++) z = _mm512_fmadd_ps(_mm512_loadu_ps(Mz + (size_t)g * 16), _mm512_set1_ps(gs[g]), z);
-        __m512 v = _mm512_add_ps(acc[r], z);
+        __m512 v = _mm512_add_ps(acc[r], zs[r]);
         if (L->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, L->bias + n0));
         _mm512_mask_storeu_ps(y + (size_t)(m0 + r) * ldy + n0, mask, v);
     }
@@ -343,12 +369,15 @@ static void q4_col_scalar(const Lin* L, int n, const Act* a, int m, float* y, in
                 s0 += (b & 15) * x[ci * 64 + 4 * t + j];
                 s1 += (b >> 4) * x[ci * 64 + 32 + 4 * t + j];
             }
-        const float s = L->s[((size_t)nb * ng + ci / cpg) * 16 + c];
+        const float s = half_to_f32(L->s16[((size_t)nb * ng + ci / cpg) * 16 + c]);
         acc += (float)s0 * (d[2 * ci] * s);
         acc += (float)s1 * (d[2 * ci + 1] * s);
     }
     float z = 0.0f;
-    for (int g = 0; g < ng; g++) z += L->m[((size_t)nb * ng + g) * 16 + c] * a->gsum[(size_t)m * ng + g];
+    for (int g = 0; g < ng; g++) {
+        const size_t i = ((size_t)nb * ng + g) * 16 + c;
+        z += -((float)L->z[i] * half_to_f32(L->s16[i])) * a->gsum[(size_t)m * ng + g];
+    }
     float v = acc + z;
     if (L->bias) v += L->bias[n];
     y[(size_t)m * ldy + n] = v;

@@ -41,8 +41,8 @@ _why_not: str | None = None
 
 class Lin(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int32), ("N", ctypes.c_int32), ("K", ctypes.c_int32), ("group", ctypes.c_int32),
-                ("q", ctypes.c_void_p), ("s", ctypes.c_void_p), ("m", ctypes.c_void_p), ("w", ctypes.c_void_p),
-                ("bias", ctypes.c_void_p)]
+                ("q", ctypes.c_void_p), ("s", ctypes.c_void_p), ("s16", ctypes.c_void_p), ("z", ctypes.c_void_p),
+                ("w", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
 
 
 class Layer(ctypes.Structure):
@@ -159,8 +159,9 @@ def pack_q4(q: Tensor, zeros: Tensor, scales: Tensor, group_size: int) -> dict[s
 
     Per block of 16 output columns and chunk of 64 inputs, 8 vectors of 64 bytes: byte 4n + j of vector t
     holds input 4t + j of column n (low nibble) and input 32 + 4t + j (high nibble), so one VNNI
-    instruction takes 4 inputs of 16 columns. Scales and the pre-multiplied minimum -z*s are fp32,
-    [N/16][K/group][16]. N is padded to a multiple of 16 with zero columns.
+    instruction takes 4 inputs of 16 columns. Scales (fp16, as the checkpoint stores them) and zero points
+    (uint8) are [N/16][K/group][16]: 3 bytes per group, not 8 as fp32 scale and minimum would take. N is
+    padded to a multiple of 16 with zero columns.
     """
     K, N = q.shape
     if K % 64 or group_size % 64:
@@ -175,7 +176,9 @@ def pack_q4(q: Tensor, zeros: Tensor, scales: Tensor, group_size: int) -> dict[s
         t = _pad_columns(t.float().t(), Np)
         return t.reshape(Np // 16, 16, -1).transpose(1, 2).contiguous()
 
-    return {"q": packed, "s": blocks(scales), "m": blocks(-zeros.float() * scales.float())}
+    if not torch.equal(scales.half().float(), scales.float()):
+        raise ValueError("the native step needs INT4 scales that are fp16 numbers (as AWQ checkpoints store them)")
+    return {"q": packed, "s16": blocks(scales).half().view(torch.int16), "z": blocks(zeros).to(torch.uint8)}
 
 
 def awq_to_q4(qweight: Tensor, qzeros: Tensor, scales: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -204,11 +207,12 @@ def pack_q8(weight: Tensor) -> dict[str, Tensor]:
 
 
 def lin(kind: int, N: int, K: int, group: int = 0, q: Tensor | None = None, s: Tensor | None = None,
-        m: Tensor | None = None, w: Tensor | None = None, bias: Tensor | None = None) -> Lin:
+        s16: Tensor | None = None, z: Tensor | None = None, w: Tensor | None = None,
+        bias: Tensor | None = None) -> Lin:
     def ptr(t: Tensor | None) -> int | None:
         if t is None:
             return None
         assert t.is_contiguous() and t.device.type == "cpu", "native tensors must be contiguous CPU tensors"
         return t.data_ptr()
 
-    return Lin(kind, N, K, group, ptr(q), ptr(s), ptr(m), ptr(w), ptr(bias))
+    return Lin(kind, N, K, group, ptr(q), ptr(s), ptr(s16), ptr(z), ptr(w), ptr(bias))

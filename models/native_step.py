@@ -108,7 +108,7 @@ class NativeStep:
             K, N = q.shape
             bias = self._keep(torch.cat([b.float() for b in biases]).contiguous()) if biases[0] is not None else None
             return native.lin(native.W_Q4, N, K, mods[0].group_size, q=self._keep(packed["q"]),
-                              s=self._keep(packed["s"]), m=self._keep(packed["m"]), bias=bias)
+                              s16=self._keep(packed["s16"]), z=self._keep(packed["z"]), bias=bias)
         if all(isinstance(m, nn.Linear) for m in mods):
             ws = [m.weight.detach().float() for m in mods]
             w = _interleave16(ws[0], ws[1], 0) if interleave else torch.cat(ws, dim=0)

@@ -38,7 +38,7 @@ def test_kv_cache_mode_scores_each_cache_type_against_fp(tmp_path, capsys, monke
     p = argparse.ArgumentParser()
     bench_quality.add_arguments(p)
     args = p.parse_args(["--model", str(model), "--text", str(text), "--chunk", "128", "--max-chunks", "2",
-                         "--kv-cache", "int8,k8v4", "--json"])
+                         "--kv-cache", "int8,k8v4", "--summary-tokens", "8", "--json"])
     assert bench_quality.run(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["mode"] == "kv_cache" and list(out["results"]) == ["fp", "int8", "k8v4"]
@@ -47,3 +47,6 @@ def test_kv_cache_mode_scores_each_cache_type_against_fp(tmp_path, capsys, monke
     for kind in ("int8", "k8v4"):
         assert out["results"][kind]["ppl"] != out["results"]["fp"]["ppl"]
         assert abs(out["results"][kind]["vs_fp"]) < 0.5
+    for r in out["results"].values():
+        assert 0 <= r["summary_agreement"] <= 1 and 0 <= r["summary_same_prefix"] <= 8
+    assert out["results"]["fp"]["summary_agreement"] == 1 and out["results"]["fp"]["summary_same_prefix"] == 8

@@ -49,7 +49,7 @@ def test_int4_linear_matches_float64(group: int, bias: bool, M: int) -> None:
     x = torch.randn(M, K, generator=g) * 3
     x[0, 5] = 40.0  # an outlier in one block
     packed = native.pack_q4(q, z, s, group)
-    L = native.lin(native.W_Q4, N, K, group, q=packed["q"], s=packed["s"], m=packed["m"], bias=b)
+    L = native.lin(native.W_Q4, N, K, group, q=packed["q"], s16=packed["s16"], z=packed["z"], bias=b)
     y = run_linear(L, x)
     w = (q.double() - z.double().repeat_interleave(group, 0)) * s.double().repeat_interleave(group, 0)
     ref = quantize_acts_ref(x) @ w + (b.double() if bias else 0)
@@ -78,8 +78,8 @@ def test_rows_are_bitwise_independent_of_the_pass_length() -> None:
     g = torch.Generator().manual_seed(3)
     K, N, group = 128, 64, 64
     packed = native.pack_q4(torch.randint(0, 16, (K, N), generator=g), torch.randint(0, 16, (2, N), generator=g),
-                            torch.rand(2, N, generator=g) * 0.01, group)
-    L = native.lin(native.W_Q4, N, K, group, q=packed["q"], s=packed["s"], m=packed["m"])
+                            (torch.rand(2, N, generator=g) * 0.01).half().float(), group)
+    L = native.lin(native.W_Q4, N, K, group, q=packed["q"], s16=packed["s16"], z=packed["z"])
     x = torch.randn(17, K, generator=g)
     full = run_linear(L, x)
     for i in range(17):
@@ -91,3 +91,11 @@ def test_gate_up_interleave_pairs_columns() -> None:
     b = -a
     out = _interleave16(a, b, 0)
     assert torch.equal(out[:16], a[:16]) and torch.equal(out[16:32], b[:16]) and torch.equal(out[32:48], a[16:])
+
+
+def test_scales_that_are_not_fp16_numbers_are_refused() -> None:
+    """The packed layout keeps scales in fp16 (3 bytes per group with the zero point): a scale fp16 cannot
+    hold must be refused (the model then runs on the PyTorch path), never silently rounded."""
+    q, z = torch.zeros(64, 16, dtype=torch.long), torch.zeros(1, 16)
+    with pytest.raises(ValueError, match="fp16"):
+        native.pack_q4(q, z, torch.full((1, 16), 0.1), 64)
