@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from .bench_harness import peak_memory
+from .bench_harness import peak_memory, reset_peak_rss, rss_since_reset
 from .bench_random import RANDOM_SHAPES
 
 PROMPT = ("Write a detailed, friendly explanation of how rainbows form, covering refraction, reflection "
@@ -155,9 +155,11 @@ def load_engine(args: argparse.Namespace, quant: str, kv: str, path: str):
 
 
 def memory_at(args: argparse.Namespace, quant: str, kv: str, tokens: int) -> dict:
-    """Peak RSS of a fresh process that holds `tokens` of context in a `kv` cache and decodes a few tokens."""
+    """Peak RSS of a fresh process whose `kv` cache ends holding `tokens` of context (a prompt of tokens - 4,
+    then 4 decoded tokens)."""
     cmd = [sys.executable, "-m", "parley.app.cli", "bench", "decode", "--quant", quant, "--kv-cache", kv,
-           "--depths", str(tokens), "--new-tokens", "4", "--repeats", "1", "--prefill-tokens", "16", "--json"]
+           "--depths", str(max(1, tokens - 4)), "--new-tokens", "4", "--repeats", "1", "--prefill-tokens", "16",
+           "--json"]
     if args.model:
         cmd += ["--model", args.model]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -166,7 +168,8 @@ def memory_at(args: argparse.Namespace, quant: str, kv: str, tokens: int) -> dic
     except (IndexError, json.JSONDecodeError):
         return {"error": (r.stderr or r.stdout).strip()[-300:]}
     v = next(iter(out["engines"].values()))
-    return {"peak_rss_mb": out["peak_rss_mb"], "kv_cache_mb": v.get("kv_cache_mb"), **(
+    in_use = {k: v[k] for k in ("peak_rss_in_use_mb", "rss_mb") if k in v}
+    return {"peak_rss_mb": out["peak_rss_mb"], **in_use, "kv_cache_mb": v.get("kv_cache_mb"), **(
         {"peak_gpu_mb": out["peak_gpu_mb"]} if "peak_gpu_mb" in out else {})}
 
 
@@ -190,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
                     results["engines"][name] = {"error": f"{type(e).__name__}: {e}"}
                     continue
                 results["model"] = engine.model_name
+                peak_window = reset_peak_rss()  # what holding and using the context costs, not loading
                 ids = engine.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
                 wbytes = weight_bytes_per_token(engine)
                 kv_pos = engine.target.cache.bytes_per_position()
@@ -213,6 +217,8 @@ def run(args: argparse.Namespace) -> int:
                         busy = decode_rate(engine, ids, depths[0], args.new_tokens, args.repeats)
                     r["busy"] = {"processes": args.background_load, "tok_s": round(busy, 1),
                                  "vs_quiet": round(busy / r["decode"][0]["tok_s"], 2)}
+                if peak_window:
+                    r.update(rss_since_reset())
                 results["engines"][name] = r
                 del engine
     if args.memory_at:
@@ -239,7 +245,9 @@ def run(args: argparse.Namespace) -> int:
             b = r["busy"]
             print(f"      with {b['processes']} busy process(es): {b['tok_s']} tok/s = {b['vs_quiet']}x quiet")
     for kv, m in results.get("memory_at", {}).get("by_cache", {}).items():
-        figures = f"peak RSS {m['peak_rss_mb']} MB, cache {m['kv_cache_mb']} MB" if "error" not in m else m["error"]
+        in_use = f"peak RSS after loading {m['peak_rss_in_use_mb']} MB, " if "peak_rss_in_use_mb" in m else ""
+        figures = (f"{in_use}peak RSS {m['peak_rss_mb']} MB (loading included), cache {m['kv_cache_mb']} MB"
+                   if "error" not in m else m["error"])
         print(f"  at {args.memory_at} tokens, kv={kv}: {figures}")
     print(f"  peak RSS {results['peak_rss_mb']} MB" + (f", peak GPU {results['peak_gpu_mb']} MB"
                                                         if "peak_gpu_mb" in results else ""))

@@ -36,6 +36,33 @@ def peak_memory() -> dict[str, float]:
     return figures
 
 
+def _status_mb(field: str) -> float | None:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_rss() -> bool:
+    """Start a new peak-RSS window (Linux: /proc/self/clear_refs 5), so a figure excludes loading's peak."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def rss_since_reset() -> dict[str, float]:
+    """{"peak_rss_in_use_mb": peak RSS since `reset_peak_rss`, "rss_mb": RSS now}, where Linux tells."""
+    peak, now = _status_mb("VmHWM"), _status_mb("VmRSS")
+    return {k: v for k, v in (("peak_rss_in_use_mb", peak), ("rss_mb", now)) if v is not None}
+
+
 def memory_line(results: dict[str, Any]) -> str:
     gpu = f", peak GPU {results['peak_gpu_mb']} MB" if "peak_gpu_mb" in results else ""
     return f"peak RSS {results['peak_rss_mb']} MB{gpu}"

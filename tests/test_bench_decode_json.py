@@ -19,3 +19,6 @@ def test_random_weights_bench_prints_one_json_object():
         assert r["decode"][0]["mb_per_token"] > 0 and r["decode"][0]["pct_of_bandwidth"] > 0
     assert report["engines"]["awq/native/kv=auto"]["quantization"] == "rtn-int4"
     assert report["read_bandwidth_gbs"] > 0 and report["peak_rss_mb"] > 0
+    if sys.platform == "linux":  # the peak after loading: what holding and using a context costs
+        for r in report["engines"].values():
+            assert 0 < r["peak_rss_in_use_mb"] <= report["peak_rss_mb"] and r["rss_mb"] > 0
