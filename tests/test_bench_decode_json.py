@@ -21,4 +21,4 @@ def test_random_weights_bench_prints_one_json_object():
     assert report["read_bandwidth_gbs"] > 0 and report["peak_rss_mb"] > 0
     if sys.platform == "linux":  # the peak after loading: what holding and using a context costs
         for r in report["engines"].values():
-            assert 0 < r["peak_rss_in_use_mb"] <= report["peak_rss_mb"] and r["rss_mb"] > 0
+            assert 0 < r["peak_rss_in_use_mb"] <= report["peak_rss_mb"] + 1 and r["rss_mb"] > 0  # (two counters)
