@@ -273,8 +273,8 @@ def add_module_command(sub, name: str, module: str, help: str | None = None, loa
 
 
 def device_problem(name: str | None) -> str | None:
-    """Why `--device name` cannot be used on this machine, or None."""
-    if not name:
+    """Why `--device name` cannot be used on this machine, or None ("auto": whatever this machine has)."""
+    if not name or name == "auto":
         return None
     import torch
 

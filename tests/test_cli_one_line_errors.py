@@ -24,6 +24,15 @@ def test_unsupported_device(capsys, device):
     assert f"--device {device}" in one_line_error(capsys)
 
 
+def test_auto_device_is_accepted(capsys, monkeypatch):
+    """`bench kernels` defaults to --device auto: the device check must let it through to the command."""
+    from parley.app import bench_kernels
+
+    seen = []
+    monkeypatch.setattr(bench_kernels, "run", lambda args: seen.append(args.device) or 0)
+    assert cli.main(["bench", "kernels"]) == 0 and seen == ["auto"]
+
+
 def test_cuda_without_cuda(capsys, monkeypatch):
     import torch
 
