@@ -164,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
     load_s = time.monotonic() - t0
     head = "int8 (the engine's fast head)"
     if reference:
+        awq.native = None  # the native step holds its own packed copy of the INT4 weights: run the modules
         dequantized(awq)
         fp_head(awq, awq_files.path)
         head = "fp"
