@@ -114,5 +114,9 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
 
 
 def sample(p: Tensor, generator: torch.Generator) -> int:
-    """Draw one token id from a distribution [V]."""
-    return int(torch.multinomial(p, 1, generator=generator).item())
+    """Draw one token id from a distribution [V] by inverting its cumulative sum (in float64) at one uniform
+    draw. torch.multinomial costs ~2 ms for a 49k vocabulary on a CPU core, longer than a decode step of
+    the embedded model; this ~0.1 ms. A zero-probability token owns an empty interval: never drawn."""
+    cdf = torch.cumsum(p.double(), dim=0)
+    u = torch.rand((), generator=generator, dtype=torch.float64, device=generator.device).to(p.device) * cdf[-1]
+    return min(int(torch.searchsorted(cdf, u, right=True)), p.shape[0] - 1)

@@ -963,7 +963,7 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
     const int nthreads = omp_get_max_threads();
     int max_p = 0;
     for (int m = 0; m < M; m++) max_p = std::max(max_p, (int)positions[m]);
-    const int nblk = max_p / ATT_BLOCK + 1, G = H / KVH;
+    const int nblk = max_p / ATT_BLOCK + 1, G = H / KVH, mgroups = (M + 31) / 32;
     const size_t part_stride = (size_t)G * (D + 2);  // one block's partial for one kv head
     float* parts = (float*)scratch((size_t)M * KVH * nblk * part_stride * 4);
     float* att_scores = (float*)scratch((size_t)nthreads * G * ATT_BLOCK * 4);
@@ -1002,12 +1002,16 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
                 kv_write(cache, kv, h, p, D, row + (H + h) * D, row + (H + KVH + h) * D);
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int t = 0; t < M * KVH * nblk; t++) {  // (position, kv head, key block): partial attention
-            const int m = t / (KVH * nblk), h = t / nblk % KVH, b = t % nblk, p = (int)positions[m];
-            if (b * ATT_BLOCK > p) continue;
-            attend_block(cache, kv, h, b * ATT_BLOCK, std::min(p + 1, (b + 1) * ATT_BLOCK), D, G,
-                         qkv + (size_t)m * QKV + h * G * D, scale, parts + ((size_t)m * KVH + h) * nblk * part_stride
-                         + b * part_stride, att_scores + (size_t)omp_get_thread_num() * G * ATT_BLOCK);
+        for (int t = 0; t < KVH * nblk * mgroups; t++) {  // (kv head, key block, up to 32 positions in turn:
+            const int h = t / (nblk * mgroups), b = t / mgroups % nblk, g = t % mgroups;  // the block is read once)
+            for (int m = g * 32; m < std::min(M, g * 32 + 32); m++) {
+                const int p = (int)positions[m];
+                if (b * ATT_BLOCK > p) continue;
+                attend_block(cache, kv, h, b * ATT_BLOCK, std::min(p + 1, (b + 1) * ATT_BLOCK), D, G,
+                             qkv + (size_t)m * QKV + h * G * D, scale,
+                             parts + ((size_t)m * KVH + h) * nblk * part_stride + b * part_stride,
+                             att_scores + (size_t)omp_get_thread_num() * G * ATT_BLOCK);
+            }
         }
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++) {  // merge the blocks, then quantize for the output projection
