@@ -15,6 +15,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -86,8 +87,14 @@ def cache_dir() -> Path:
     return Path(os.environ.get("PARLEY_CACHE_DIR") or user_cache_dir("parley")) / "native"
 
 
+def flags() -> list[str]:
+    """The compiler flags, plus PARLEY_NATIVE_FLAGS (e.g. `-mno-avx512vnni`: the portable loops, as CPUs
+    without AVX-512 VNNI get them; the tests build that variant too)."""
+    return [*FLAGS, *shlex.split(os.environ.get("PARLEY_NATIVE_FLAGS", ""))]
+
+
 def library_path() -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + _cpu_flags().encode()).hexdigest()[:16]
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags()).encode() + _cpu_flags().encode()).hexdigest()[:16]
     return cache_dir() / f"libparley_step-{key}.so"
 
 
@@ -103,7 +110,7 @@ def build(verbose: bool = False) -> Path:
     fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
     os.close(fd)
     try:
-        r = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+        r = subprocess.run([cxx, *flags(), str(SOURCE), "-o", tmp], capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"{cxx} failed to build {SOURCE.name}:\n{r.stderr.strip()[-2000:]}")
         os.replace(tmp, out)

@@ -28,7 +28,6 @@ class Backend(Protocol):
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: list[int], skip_special_tokens: bool) -> str: ...
     def vocab(self) -> dict[str, int]: ...
-    def special_ids(self) -> set[int]: ...
 
 
 class HFBackend:
@@ -45,9 +44,6 @@ class HFBackend:
 
     def vocab(self) -> dict[str, int]:
         return self.tok.get_vocab(with_added_tokens=True)
-
-    def special_ids(self) -> set[int]:
-        return {i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
 
 
 class SentencePieceBackend:
@@ -89,9 +85,6 @@ class SentencePieceBackend:
 
     def vocab(self) -> dict[str, int]:
         return {**{self.sp.id_to_piece(i): i for i in range(self.sp.get_piece_size())}, **self.by_content}
-
-    def special_ids(self) -> set[int]:
-        return set(self._special)
 
 
 class StreamDecoder:
