@@ -65,6 +65,8 @@ class CachedModel:
         if self.graphed is not None and not last_only:
             logits = self.graphed(ids, pos, window=window)[0]
         elif last_only or len(tokens) > 32 or self.tuner is None:
+            if self.tuner is not None:
+                self.tuner.bulk()
             logits = model(ids, pos, self.cache, last_only, window)[0]
         else:  # decode and verification: time the step, so the thread count follows a busy machine
             n = self.tuner.before_step()

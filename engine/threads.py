@@ -89,6 +89,13 @@ class ThreadTuner:
             self._set = n
         return n
 
+    def bulk(self) -> None:
+        """Prefill and other long passes run at the count decode steps found faster (never probed: a
+        long pass is not a fair sample), so a busy machine's prefill does not spin two threads either."""
+        if self.enabled and self.current != getattr(self, "_set", None):
+            set_threads(self.current)
+            self._set = self.current
+
     def after_step(self, n: int, seconds: float, tokens: int) -> None:
         if not self.enabled or not self._probe or tokens <= 0:
             return

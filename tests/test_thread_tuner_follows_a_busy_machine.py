@@ -1,0 +1,72 @@
+"""The thread tuner keeps the thread count whose decode steps are faster, re-checks it after its period,
+and prefill follows its choice (a busy machine should not spin two threads through a prefill either).
+Step times are given, not measured: a fake clock drives the period."""
+
+from __future__ import annotations
+
+import pytest
+
+from parley.engine import threads
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    seen: list[int] = []
+    monkeypatch.setattr(threads, "set_threads", seen.append)
+    monkeypatch.setattr(threads, "_requested", None)  # automatic, as by default
+    return seen
+
+
+def until_a_probe_of(tuner: threads.ThreadTuner, clock: list[float], n: int) -> None:
+    """Step until the tuner probes `n` threads (so the count in force is not its choice)."""
+    for _ in range(1000):
+        clock[0] += 0.005
+        if tuner.before_step() == n:
+            return
+    raise AssertionError(f"no probe of {n} threads")
+
+
+def run_steps(tuner: threads.ThreadTuner, clock: list[float], ms: dict[int, float], steps: int) -> list[int]:
+    used = []
+    for _ in range(steps):
+        n = tuner.before_step()
+        used.append(n)
+        clock[0] += ms[n] / 1e3
+        tuner.after_step(n, ms[n] / 1e3, 1)
+    return used
+
+
+def test_switches_to_the_faster_count_and_prefill_follows(calls: list[int]) -> None:
+    clock = [0.0]
+    tuner = threads.ThreadTuner([1, 2], period_s=0.1, probe_steps=4, clock=lambda: clock[0])
+    assert tuner.current == 2
+    busy = {1: 5.0, 2: 40.0}  # another process holds a core: one thread is 8x faster
+    used = run_steps(tuner, clock, busy, 60)
+    assert tuner.current == 1
+    assert used.count(1) > 40  # it left two threads after one probe round (later probes are short)
+    until_a_probe_of(tuner, clock, 2)
+    tuner.bulk()
+    assert calls[-1] == 1  # a prefill runs at the tuner's choice, not at the count a probe left
+
+
+def test_keeps_two_threads_when_they_are_faster_and_comes_back_when_the_load_goes(calls: list[int]) -> None:
+    clock = [0.0]
+    tuner = threads.ThreadTuner([1, 2], period_s=0.1, probe_steps=4, clock=lambda: clock[0])
+    run_steps(tuner, clock, {1: 6.0, 2: 3.5}, 40)
+    assert tuner.current == 2
+    run_steps(tuner, clock, {1: 5.0, 2: 40.0}, 60)
+    assert tuner.current == 1
+    run_steps(tuner, clock, {1: 6.0, 2: 3.5}, 60)  # the other process ended
+    assert tuner.current == 2
+    until_a_probe_of(tuner, clock, 1)
+    tuner.bulk()
+    assert calls[-1] == 2
+
+
+def test_a_count_the_user_chose_is_never_changed(calls: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(threads, "_requested", 2)
+    clock = [0.0]
+    tuner = threads.ThreadTuner([1, 2], period_s=0.1, probe_steps=4, clock=lambda: clock[0])
+    assert set(run_steps(tuner, clock, {1: 5.0, 2: 40.0}, 60)) == {2}
+    tuner.bulk()
+    assert calls == []
