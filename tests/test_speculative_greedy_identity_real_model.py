@@ -12,7 +12,9 @@ from parley.engine.params import GenerationParams
 from parley.engine.speculative import DraftModel
 
 pytestmark = pytest.mark.slow
-NEW_TOKENS = 128
+# 128 tokens on the default (INT4) engine; the fp32 engine reads 4x the bytes per token through the same
+# native step (same arithmetic but for the weights' form), so it checks fewer tokens to keep CI short.
+NEW_TOKENS_BY_QUANT = {"awq": 128, "none": 48}
 
 
 def document(name: str, start: str, chars: int = 4000) -> str:
@@ -32,9 +34,9 @@ PROMPTS = {
 }
 
 
-def reply_ids(eng, prompt: str, speculation: str) -> tuple[list[int], Stats]:
+def reply_ids(eng, prompt: str, speculation: str, new_tokens: int) -> tuple[list[int], Stats]:
     session = eng.session()
-    params = GenerationParams(temperature=0, max_new_tokens=NEW_TOKENS, speculation=speculation, draft_tokens=8)
+    params = GenerationParams(temperature=0, max_new_tokens=new_tokens, speculation=speculation, draft_tokens=8)
     events = list(session.reply([{"role": "user", "content": prompt}], params))
     assert isinstance(events[-1], Done) and events[-1].reason in ("eos", "length"), events[-1]
     return session.reply_ids, [e for e in events if isinstance(e, Stats)][-1]
@@ -46,9 +48,9 @@ def test_greedy_speculation_is_token_identical(quant):
     eng.draft = DraftModel.self_draft(eng.model, 20, eng.tokenizer, min_confidence=0.0, max_len=2048)
     checked, failures = {"prompt-lookup": 0, "draft": 0}, []
     for name, prompt in PROMPTS.items():
-        plain, _ = reply_ids(eng, prompt, "off")
+        plain, _ = reply_ids(eng, prompt, "off", NEW_TOKENS_BY_QUANT[quant])
         for mode in checked:
-            got, stats = reply_ids(eng, prompt, mode)
+            got, stats = reply_ids(eng, prompt, mode, NEW_TOKENS_BY_QUANT[quant])
             checked[mode] += stats.accepted
             if got != plain:
                 first = next((i for i, (a, b) in enumerate(zip(plain, got, strict=False)) if a != b),
@@ -60,4 +62,5 @@ def test_greedy_speculation_is_token_identical(quant):
     assert not failures, f"{quant}: {len(failures)} replies differ:\n" + "\n".join(failures)
     # Much went through verification (measured on INT4: 248 accepted by prompt lookup, 20 by the self-draft,
     # which the reply loop pauses after misses).
-    assert checked["prompt-lookup"] > NEW_TOKENS and checked["draft"] >= 16, checked
+    n = NEW_TOKENS_BY_QUANT[quant]
+    assert checked["prompt-lookup"] >= n // 2 and checked["draft"] >= n // 8, checked
