@@ -10,18 +10,23 @@ from awq_tiny import outlier_model, write_hf_dir
 from parley.app import bench_quality
 
 
-def test_json_has_every_model(tmp_path, capsys, monkeypatch):
+def run_bench(tmp_path, capsys, monkeypatch, *flags: str) -> dict:
+    """`bench quality --json` on a tiny model and a short held-out text; the printed object."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.delenv("PARLEY_KERNELS", raising=False)
     model = write_hf_dir(outlier_model(), tmp_path / "tiny")
     text = tmp_path / "heldout.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 40)
     p = argparse.ArgumentParser()
     bench_quality.add_arguments(p)
-    args = p.parse_args(["--model", str(model), "--text", str(text), "--chunk", "64", "--max-chunks", "2",
-                         "--group-size", "64", "--calib", "builtin", "--samples", "4", "--seq-len", "32", "--json"])
+    args = p.parse_args(["--model", str(model), "--text", str(text), "--max-chunks", "2", *flags, "--json"])
     assert bench_quality.run(args) == 0
-    out = json.loads(capsys.readouterr().out)
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_has_every_model(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("PARLEY_KERNELS", raising=False)
+    out = run_bench(tmp_path, capsys, monkeypatch, "--chunk", "64", "--group-size", "64", "--calib", "builtin",
+                    "--samples", "4", "--seq-len", "32")
     assert set(out["results"]) == {"fp32", "rtn_int4", "awq_int4"}
     for r in out["results"].values():
         assert r["ppl"] > 1
@@ -31,16 +36,7 @@ def test_json_has_every_model(tmp_path, capsys, monkeypatch):
 
 
 def test_kv_cache_mode_scores_each_cache_type_against_fp(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    model = write_hf_dir(outlier_model(), tmp_path / "tiny")
-    text = tmp_path / "heldout.txt"
-    text.write_text("The quick brown fox jumps over the lazy dog. " * 40)
-    p = argparse.ArgumentParser()
-    bench_quality.add_arguments(p)
-    args = p.parse_args(["--model", str(model), "--text", str(text), "--chunk", "128", "--max-chunks", "2",
-                         "--kv-cache", "int8,k8v4", "--summary-tokens", "8", "--json"])
-    assert bench_quality.run(args) == 0
-    out = json.loads(capsys.readouterr().out)
+    out = run_bench(tmp_path, capsys, monkeypatch, "--chunk", "128", "--kv-cache", "int8,k8v4", "--summary-tokens", "8")
     assert out["mode"] == "kv_cache" and list(out["results"]) == ["fp", "int8", "k8v4"]
     assert out["results"]["fp"]["vs_fp"] == 0
     # quantized caches change the scores a little, never a lot (a tiny random model: loose bounds)
