@@ -13,9 +13,11 @@ import io
 import json
 import logging
 import os
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 from torch import Tensor
@@ -55,7 +57,7 @@ def load_calibration(encode: Encode, n_samples: int, seq_len: int,
     """`n_samples` token sequences of `seq_len` from the requested source."""
     if calib is None or calib == "auto":
         try:
-            return pile_val(encode, n_samples, seq_len)
+            return pile_val(encode, n_samples, seq_len, probe=True)
         except Exception as e:  # offline, blocked, or zstandard missing: the shipped corpus instead
             log.warning("pile-val calibration set unavailable (%s); using the built-in corpus", _short(e))
             calib = "builtin"
@@ -94,15 +96,40 @@ def from_texts(encode: Encode, n_samples: int, seq_len: int, files: Sequence[Pat
     return Calibration(tokens, f"{what}: {n_samples} x {seq_len} tokens{overlap} from {len(stream)}")
 
 
-def pile_val(encode: Encode, n_samples: int, seq_len: int) -> Calibration:
+def hub_unreachable(timeout: float = 3.0) -> str | None:
+    """Why the hub cannot be reached (one TCP connect, no retries), or None when it can or a proxy decides.
+
+    huggingface_hub retries a failed request with backoff, ~23 s in all: without this check an offline
+    first run waited that long before falling back to the built-in corpus.
+    """
+    from urllib.request import getproxies
+
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    if not url.hostname or getproxies().get(url.scheme or "https"):
+        return None
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout).close()
+    except OSError as e:
+        return f"{url.scheme}://{url.hostname}:{port} unreachable ({e.strerror or type(e).__name__})"
+    return None
+
+
+def pile_val(encode: Encode, n_samples: int, seq_len: int, probe: bool = False) -> Calibration:
     """The AWQ calibration recipe: pile-val documents no longer than `seq_len` tokens, concatenated and cut
     into `n_samples` blocks of `seq_len`. Documents are taken in file order (AutoAWQ shuffles the whole
-    set with seed 42 first, which needs all of it decoded); the file is fetched once into the HF cache."""
+    set with seed 42 first, which needs all of it decoded); the file is fetched once into the HF cache.
+    `probe`: give up at once (ConnectionError) when the file is not cached and the hub is unreachable."""
     # Offline, a copy already in the Hugging Face cache still serves.
     local_only = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
     import zstandard  # not a dependency: without it this source is skipped
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
+    cached = try_to_load_from_cache(PILE_REPO, PILE_FILE, repo_type="dataset")
+    if probe and not local_only and not isinstance(cached, str) and (why := hub_unreachable()):
+        raise ConnectionError(why)
     path = hf_hub_download(PILE_REPO, PILE_FILE, repo_type="dataset", local_files_only=local_only)
     stream: list[int] = []
     with open(path, "rb") as raw:
