@@ -14,7 +14,7 @@ from .cached_model import CachedModel
 from .protocol import Capabilities
 from .session import Session
 from .speculative import Drafter, PromptLookup
-from .threads import ThreadTuner
+from .threads import shared_tuner
 
 
 def resolve_kv_cache(kind: str | None, device: torch.device, model: Transformer) -> str:
@@ -48,7 +48,7 @@ class Engine:
         self.kv_cache = kv_cache
         self.target = CachedModel(model, self.context_window, compile=compile, kv_cache=kv_cache)
         self.prompt_lookup = PromptLookup()
-        self.target.tuner = ThreadTuner()
+        self.target.tuner = shared_tuner()
         self.draft = draft
 
     @classmethod

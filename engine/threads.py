@@ -61,8 +61,9 @@ class ThreadTuner:
     """Keeps the faster thread count for decode steps, re-checking the alternatives every `period_s`.
 
     Steps are timed per token; a probe runs `probe_steps` steps at each other candidate and switches when
-    one is faster by `margin`. Cheap: a probe is a few steps every few seconds, and a reply of a handful
-    of tokens never probes.
+    one is faster by `margin`. The first probe round starts at the first step (a busy machine at two
+    threads is ~100x slower, so waiting a period first would cost seconds); later ones every `period_s`.
+    Cheap: a probe is a few steps every few seconds.
     """
 
     def __init__(self, candidates: list[int] | None = None, period_s: float = 2.0, probe_steps: int = 4,
@@ -71,10 +72,13 @@ class ThreadTuner:
         self.candidates = candidates or sorted({1, cores})
         self.current = max(self.candidates)
         self.period_s, self.probe_steps, self.margin, self.clock = period_s, probe_steps, margin, clock
-        self._last_probe = clock()
+        self._last_probe = -float("inf")
         self._probe: list[int] = []  # candidates still to probe in this round
         self._times: dict[int, list[float]] = {}
-        self.enabled = not fixed() and len(self.candidates) > 1
+
+    @property
+    def enabled(self) -> bool:
+        return not fixed() and len(self.candidates) > 1
 
     def before_step(self) -> int:
         """The thread count for the next step (sets it)."""
@@ -84,17 +88,19 @@ class ThreadTuner:
             self._probe = [c for c in self.candidates if c != self.current] + [self.current]
             self._times = {}
         n = self._probe[0] if self._probe else self.current
-        if n != getattr(self, "_set", None):
-            set_threads(n)
-            self._set = n
+        self._use(n)
         return n
 
     def bulk(self) -> None:
         """Prefill and other long passes run at the count decode steps found faster (never probed: a
         long pass is not a fair sample), so a busy machine's prefill does not spin two threads either."""
-        if self.enabled and self.current != getattr(self, "_set", None):
-            set_threads(self.current)
-            self._set = self.current
+        if self.enabled:
+            self._use(self.current)
+
+    @staticmethod
+    def _use(n: int) -> None:
+        if n != torch.get_num_threads():  # what is in force, whoever set it last
+            set_threads(n)
 
     def after_step(self, n: int, seconds: float, tokens: int) -> None:
         if not self.enabled or not self._probe or tokens <= 0:
@@ -109,3 +115,15 @@ class ThreadTuner:
                 if best != self.current and med[best] < self.margin * med.get(self.current, float("inf")):
                     self.current = best
                 self._last_probe = self.clock()
+
+
+_shared: ThreadTuner | None = None
+
+
+def shared_tuner() -> ThreadTuner:
+    """The process's tuner: whether the machine is busy does not depend on which engine asks, so every
+    engine (and each fresh one a test or a model switch builds) starts from what earlier steps learnt."""
+    global _shared
+    if _shared is None:
+        _shared = ThreadTuner()
+    return _shared

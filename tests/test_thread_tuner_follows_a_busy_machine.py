@@ -4,25 +4,37 @@ Step times are given, not measured: a fake clock drives the period."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+import torch
 
 from parley.engine import threads
 
 
 @pytest.fixture
-def calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     seen: list[int] = []
-    monkeypatch.setattr(threads, "set_threads", seen.append)
+    before = torch.get_num_threads()
+
+    def set_threads(n: int) -> None:  # torch's count is what the tuner compares against
+        seen.append(n)
+        torch.set_num_threads(n)
+
+    monkeypatch.setattr(threads, "set_threads", set_threads)
     monkeypatch.setattr(threads, "_requested", None)  # automatic, as by default
-    return seen
+    yield seen
+    torch.set_num_threads(before)
 
 
-def until_a_probe_of(tuner: threads.ThreadTuner, clock: list[float], n: int) -> None:
+def until_a_probe_of(tuner: threads.ThreadTuner, clock: list[float], ms: dict[int, float], n: int) -> None:
     """Step until the tuner probes `n` threads (so the count in force is not its choice)."""
     for _ in range(1000):
-        clock[0] += 0.005
-        if tuner.before_step() == n:
+        used = tuner.before_step()
+        if used == n and n != tuner.current:
             return
+        clock[0] += ms[used] / 1e3
+        tuner.after_step(used, ms[used] / 1e3, 1)
     raise AssertionError(f"no probe of {n} threads")
 
 
@@ -44,7 +56,7 @@ def test_switches_to_the_faster_count_and_prefill_follows(calls: list[int]) -> N
     used = run_steps(tuner, clock, busy, 60)
     assert tuner.current == 1
     assert used.count(1) > 40  # it left two threads after one probe round (later probes are short)
-    until_a_probe_of(tuner, clock, 2)
+    until_a_probe_of(tuner, clock, busy, 2)
     tuner.bulk()
     assert calls[-1] == 1  # a prefill runs at the tuner's choice, not at the count a probe left
 
@@ -58,7 +70,7 @@ def test_keeps_two_threads_when_they_are_faster_and_comes_back_when_the_load_goe
     assert tuner.current == 1
     run_steps(tuner, clock, {1: 6.0, 2: 3.5}, 60)  # the other process ended
     assert tuner.current == 2
-    until_a_probe_of(tuner, clock, 1)
+    until_a_probe_of(tuner, clock, {1: 6.0, 2: 3.5}, 1)
     tuner.bulk()
     assert calls[-1] == 2
 
@@ -70,3 +82,13 @@ def test_a_count_the_user_chose_is_never_changed(calls: list[int], monkeypatch: 
     assert set(run_steps(tuner, clock, {1: 5.0, 2: 40.0}, 60)) == {2}
     tuner.bulk()
     assert calls == []
+
+
+def test_the_first_steps_probe_and_every_engine_shares_what_was_learnt(calls: list[int]) -> None:
+    from tiny import tiny_engine
+
+    clock = [0.0]
+    tuner = threads.ThreadTuner([1, 2], period_s=100.0, probe_steps=4, clock=lambda: clock[0])
+    used = run_steps(tuner, clock, {1: 5.0, 2: 40.0}, 8)
+    assert used == [1] * 4 + [2] * 4 and tuner.current == 1  # no period of slow steps before the first probe
+    assert tiny_engine().target.tuner is tiny_engine(seed=1).target.tuner  # one machine, one tuner
