@@ -8,7 +8,7 @@ chat:
 test:
 	scripts/setup.sh test
 	.venv/bin/ruff check .
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
 lint:
 	.venv/bin/ruff check .

@@ -1,6 +1,6 @@
 """Reliability figures: kill -9 during quantization, a long conversation soak, broken model files, bad live params.
 
-Four checks, each a figure a person can read (`--only` picks some):
+Five checks, each a figure a person can read (`--only` picks some):
 - kill: `parley quantize` of a tiny model (a subprocess, its own cache folder) SIGKILLed at seeded random moments of a
   build; after each kill no folder a load would use is partial, and the next complete run leaves no
   temporary folder behind.
@@ -9,6 +9,9 @@ Four checks, each a figure a person can read (`--only` picks some):
 - inputs: every kind of broken GGUF, safetensors, config.json, tokenizer and chat template, each run as
   `parley generate --model CASE` in a subprocess: a one-line error naming the file and the field with what
   to do, never a traceback, a hang or an absurd allocation.
+- cancel: replies on the default engine (AWQ INT4, sampled, with speculation) cancelled at --cancels seeded
+  random points; after each, the next reply at temperature 0 must equal a fresh engine's reply to the same
+  visible history (the cache holds exactly what was shown, nothing the cancelled step computed).
 - params: invalid values (negative, huge, inf, NaN, wrong type) set on the live GenerationParams from another
   thread mid-reply: the reply must end with a Done event, never an exception.
 """
@@ -35,7 +38,7 @@ from typing import Any
 
 from .bench_harness import add_json_argument, emit, median
 
-CHECKS = ("kill", "soak", "inputs", "params")
+CHECKS = ("kill", "soak", "inputs", "params", "cancel")
 QUANTIZE_FLAGS = ["--calib", "builtin", "--samples", "4", "--seq-len", "32"]
 
 
@@ -47,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the embedded model's tokenizer, so ten builds take minutes, not hours)")
     p.add_argument("--turns", type=int, default=300, help="turns of the soak conversation (default 300)")
     p.add_argument("--trials", type=int, default=40, help="replies disturbed with invalid live params")
+    p.add_argument("--cancels", type=int, default=200, help="replies cancelled at random points (default 200)")
+    p.add_argument("--quant", default="awq", choices=("awq", "none"),
+                   help="the engine the cancel check runs on (default awq, the default engine)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (kill moments, values)")
     p.add_argument("--case-timeout", type=float, default=180.0,
                    help="seconds a broken-input case may take before it counts as a hang")
@@ -75,6 +81,11 @@ def run(args: argparse.Namespace) -> int:
                 results["soak"] = soak_check(engine, args.turns, say)
             if "params" in only:
                 results["params"] = params_check(engine, args.trials, args.seed, say)
+        if "cancel" in only:
+            from ..engine.engine import Engine
+
+            engine = Engine.load(None, quant=args.quant, device="cpu")
+            results["cancel"] = cancel_check(engine, args.cancels, args.seed, say)
     return emit(results, args.json, lines)
 
 
@@ -100,6 +111,10 @@ def lines(results: dict[str, Any]) -> list[str]:
         p = results["params"]
         out.append(f"invalid live params mid-reply: {p['trials']} replies, {p['crashes']} crashes; "
                    f"replies ended {p['done']}")
+    if "cancel" in results:
+        c = results["cancel"]
+        out.append(f"cancel at random points ({c['engine']}): {c['points']} replies, {c['cancelled']} cancelled "
+                   f"mid-stream; next reply differs from a fresh engine's after {c['mismatches']}")
     return out
 
 
@@ -206,6 +221,59 @@ def soak_check(engine, turns: int, say: Callable[[str], None]) -> dict[str, Any]
     return {"turns": turns, "warmup_turns": warmup, "rss_after_warmup_mb": round(rss_warm, 1),
             "rss_end_mb": round(rss_end, 1), "rss_growth_pct": round(100 * (rss_end / rss_warm - 1), 2),
             "done": dict(done), "median_turn_s": round(median(seconds), 3)}
+
+
+# cancel at random points
+
+def collect(engine, messages, params, cancel_after: int | None = None) -> tuple[str, str]:
+    """(shown text, how the reply ended), cancelling once `cancel_after` text deltas have been shown."""
+    from ..engine.events import Done, TextDelta
+
+    cancel, text, reason, n = threading.Event(), "", "none", 0
+    for ev in engine.session().reply(messages, params, cancel):
+        if isinstance(ev, TextDelta):
+            text, n = text + ev.text, n + 1
+            if cancel_after is not None and n >= cancel_after:
+                cancel.set()
+        elif isinstance(ev, Done):
+            reason = ev.reason
+    return text, reason
+
+
+def cancel_check(engine, points: int, seed: int, say: Callable[[str], None]) -> dict[str, Any]:
+    """Each point: a sampled reply (speculation on) to a random stretch of held-out text, cancelled after 1..12
+    shown deltas; then the next reply at temperature 0 against a fresh engine on the same weights."""
+    from dataclasses import replace
+
+    from ..engine.engine import Engine
+    from ..engine.params import GenerationParams
+
+    first_params = GenerationParams(temperature=0.8, max_new_tokens=16, speculation="auto")
+    next_params = GenerationParams(temperature=0, max_new_tokens=8, speculation="off")
+    texts = [p.read_text() for p in sorted((Path(__file__).resolve().parents[1] / "assets" / "heldout").glob("*.txt"))]
+
+    def fresh() -> Engine:
+        return Engine(engine.model, engine.tokenizer, name=engine.model_name, quantization=engine.quantization,
+                      context_window=engine.context_window, kv_cache=engine.kv_cache)
+
+    rng = random.Random(seed)
+    mismatches: list[tuple[int, int]] = []
+    cancelled = 0
+    for i in range(points):
+        text = rng.choice(texts)
+        start = rng.randrange(len(text) - 200)
+        snippet = text[start : start + rng.randint(20, 200)].split(" ", 1)[-1].rsplit(" ", 1)[0].strip() or "Hello"
+        first = [{"role": "user", "content": snippet}]
+        at = rng.randint(1, 12)
+        shown, reason = collect(engine, first, replace(first_params, seed=i), cancel_after=at)
+        cancelled += reason == "cancelled"
+        visible = [*first, {"role": "assistant", "content": shown}, {"role": "user", "content": "Go on."}]
+        if collect(engine, visible, next_params) != collect(fresh(), visible, next_params):
+            mismatches.append((i, at))
+        if (i + 1) % 50 == 0:
+            say(f"cancel: {i + 1}/{points} points, {len(mismatches)} mismatches")
+    return {"engine": f"{engine.model_name} {engine.quantization}", "points": points, "cancelled": cancelled,
+            "mismatches": len(mismatches), "mismatch_points": mismatches[:20]}
 
 
 # invalid live parameters

@@ -1,12 +1,21 @@
+import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# `make test` runs the suite in pytest-xdist workers, one per core (up to 4), each on one thread: tests
+# are mostly small ops, and threads that meet at a barrier every op wait for whichever is descheduled on
+# a busy machine (there, two one-thread workers finish in a third of the time two-thread runs take).
+# Set before torch (and the native step's OpenMP) start. Tests of threaded code set their own counts.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("PARLEY_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # test helpers (tiny.py, fakehub.py) import as modules
 
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, torch.get_num_threads())))
 
 
 @pytest.fixture(autouse=True)

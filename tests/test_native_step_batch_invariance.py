@@ -144,3 +144,24 @@ def test_attention_over_many_key_blocks_matches_the_pytorch_path(kind: str) -> N
     for lo, hi in [(0, 256), (256, 512), (512, 590)]:
         err = ((got[lo:hi] - ref[lo:hi]).norm() / ref[lo:hi].norm()).item()
         assert err < tol, f"seed=8 kind={kind} positions {lo}..{hi}: relative error {err}"
+
+
+@pytest.mark.parametrize("kind", KV_CACHE_TYPES)
+def test_logits_do_not_depend_on_the_thread_count(kind: str) -> None:
+    """The suite runs its workers at one thread each; the 2- and 3-thread runs here keep the threaded
+    schedule (rows split between threads, attention blocks taken dynamically) under test."""
+    rng = random.Random(21)
+    ids = [rng.randrange(300) for _ in range(300)]
+    model = small_model(True, 21)
+    attach(model, head_bits=8)
+    lib = native.load()
+    before = lib.parley_threads(-1)  # the count in force (-1 only asks)
+    try:
+        runs = {}
+        for n in (1, 2, 3):
+            lib.parley_threads(n)
+            runs[n] = logits_in_chunks(model, ids, [300], kind), logits_in_chunks(model, ids, [280, 1, 19], kind)
+    finally:
+        lib.parley_threads(before)
+    for n in (2, 3):
+        assert torch.equal(runs[n][0], runs[1][0]) and torch.equal(runs[n][1], runs[1][1]), f"{kind}, {n} threads"

@@ -1,8 +1,10 @@
 """On the real model (INT4 default engine and fp32), temperature 0: a reply on a conversation whose
 earlier turns are already cached (the previous reply's tokens computed by 1-token decode passes)
 equals a fresh engine's reply on the same conversation (all of it computed by prefill chunks), over
-200 random seeded conversations of held-out text with 0 mismatches. Replies are 8 tokens to keep
-it affordable; a mismatch shows in the first tokens (issue 10: 21 of 120 differed on INT4)."""
+random seeded conversations of held-out text with 0 mismatches. Replies are 8 tokens to keep it
+affordable; a mismatch shows in the first tokens (issue 10: 21 of 120 differed on INT4). The mechanism
+(a position's logits do not depend on the pass) is pinned position by position in
+test_batch_invariance_real_model.py; this is the end-to-end check of the same property."""
 
 import random
 
@@ -13,8 +15,8 @@ from parley.engine.events import Stats, TextDelta
 from parley.engine.params import GenerationParams
 
 pytestmark = pytest.mark.slow
-# 200 on the default engine (the issue's figure); fp32 shares the native step, so fewer keep CI short.
-CONVERSATIONS_BY_QUANT = {"awq": 200, "none": 30}
+# fp32 shares the native step (same arithmetic, other weight form), so it runs fewer.
+CONVERSATIONS_BY_QUANT = {"awq": 60, "none": 12}
 SEED = 20
 PARAMS = GenerationParams(temperature=0, max_new_tokens=8, speculation="off")
 ASK = ["Tell me more.", "Summarise that in one line.", "What does this mean?", "Continue.", "Explain:", "Why?"]

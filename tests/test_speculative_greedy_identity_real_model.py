@@ -47,7 +47,9 @@ def test_greedy_speculation_is_token_identical(quant):
     eng = fresh(quant, context_window=2048)
     eng.draft = DraftModel.self_draft(eng.model, 20, eng.tokenizer, min_confidence=0.0, max_len=2048)
     checked, failures = {"prompt-lookup": 0, "draft": 0}, []
-    for name, prompt in PROMPTS.items():
+    # fp32: one pasted document and one chat prompt, those where prompt lookup guesses most (the same native step, at 4x the bytes per token)
+    prompts = PROMPTS if quant == "awq" else {k: PROMPTS[k] for k in ("keepers' logs", "chat: bread")}
+    for name, prompt in prompts.items():
         plain, _ = reply_ids(eng, prompt, "off", NEW_TOKENS_BY_QUANT[quant])
         for mode in checked:
             got, stats = reply_ids(eng, prompt, mode, NEW_TOKENS_BY_QUANT[quant])
@@ -62,5 +64,5 @@ def test_greedy_speculation_is_token_identical(quant):
     assert not failures, f"{quant}: {len(failures)} replies differ:\n" + "\n".join(failures)
     # Much went through verification (measured on INT4: 248 accepted by prompt lookup, 20 by the self-draft,
     # which the reply loop pauses after misses).
-    n = NEW_TOKENS_BY_QUANT[quant]
+    n = NEW_TOKENS_BY_QUANT[quant] * len(prompts) // len(PROMPTS)
     assert checked["prompt-lookup"] >= n // 2 and checked["draft"] >= n // 8, checked

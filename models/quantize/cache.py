@@ -21,6 +21,8 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -196,18 +198,21 @@ def ensure_quantized(files: ModelFiles, *, group_size: int = 128, calib: str | l
     folder = folder_for(key)
     result = ModelFiles(ref=f"{files.ref} (AWQ INT4)", kind="dir", path=folder, repo_id=files.repo_id,
                         revision=files.revision)
-    if folder.exists() and not rebuild:
-        why = verify(folder, key)
-        if why is None:
-            return result
-        log.warning("cached AWQ model %s is not usable: %s; rebuilding it", folder, why)
-        if progress:
-            progress(Progress("quantize", 0, 0, "layer", f"cached model unusable ({why}); rebuilding"))
+    if folder.exists() and not rebuild and verify(folder, key) is None:
+        return result
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
-        if progress:  # said before the slow part, so a caller can carry on with something else meanwhile
-            progress(Progress("quantize", 0, 0, "layer", "starting AWQ quantization"))
-        build(files, key, folder, calib, progress, device)
+        with _one_builder(folder, progress):  # another process may have built it while we waited
+            if folder.exists() and not rebuild:
+                why = verify(folder, key)
+                if why is None:
+                    return result
+                log.warning("cached AWQ model %s is not usable: %s; rebuilding it", folder, why)
+                if progress:
+                    progress(Progress("quantize", 0, 0, "layer", f"cached model unusable ({why}); rebuilding"))
+            if progress:  # said before the slow part, so a caller can carry on with something else meanwhile
+                progress(Progress("quantize", 0, 0, "layer", "starting AWQ quantization"))
+            build(files, key, folder, calib, progress, device)
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
             raise
@@ -216,6 +221,29 @@ def ensure_quantized(files: ModelFiles, *, group_size: int = 128, calib: str | l
             f"writable, or set {CACHE_ENV} to a folder on another disk (nothing partial was kept)"
         ) from None
     return result
+
+
+@contextmanager
+def _one_builder(folder: Path, progress: ProgressFn | None) -> Iterator[None]:
+    """Hold the cache's build lock: two Parleys started at once on a first run quantize once, the second
+    waiting for the first's folder. An advisory lock on the cache folder itself (no lock file to leave
+    behind), released by the kernel if its holder is killed."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: builds stay atomic, they may just run twice
+        yield
+        return
+    fd = os.open(folder.parent, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if progress:
+                progress(Progress("quantize", 0, 0, "layer", "another Parley is quantizing; waiting for it"))
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def build(files: ModelFiles, key: dict[str, Any], folder: Path, calib: str | list[str] | None,
