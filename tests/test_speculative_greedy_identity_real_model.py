@@ -47,7 +47,8 @@ def test_greedy_speculation_is_token_identical(quant):
     eng = fresh(quant, context_window=2048)
     eng.draft = DraftModel.self_draft(eng.model, 20, eng.tokenizer, min_confidence=0.0, max_len=2048)
     checked, failures = {"prompt-lookup": 0, "draft": 0}, []
-    # fp32: one pasted document and one chat prompt, those where prompt lookup guesses most (the same native step, at 4x the bytes per token)
+    # fp32 (the same native step, at 4x the bytes per token): one pasted document and one chat prompt,
+    # those where prompt lookup guesses most
     prompts = PROMPTS if quant == "awq" else {k: PROMPTS[k] for k in ("keepers' logs", "chat: bread")}
     for name, prompt in prompts.items():
         plain, _ = reply_ids(eng, prompt, "off", NEW_TOKENS_BY_QUANT[quant])
