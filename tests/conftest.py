@@ -3,9 +3,9 @@ import sys
 from pathlib import Path
 
 # `make test` runs the suite in pytest-xdist workers, one per core (up to 4), each on one thread: tests
-# are mostly small ops, and threads that meet at a barrier every op wait for whichever is descheduled on
-# a busy machine (there, two one-thread workers finish in a third of the time two-thread runs take).
-# Set before torch (and the native step's OpenMP) start. Tests of threaded code set their own counts.
+# are mostly small ops, and threads that meet at a barrier every op wait for whichever one is descheduled
+# on a busy machine. Set before torch (and the native step's OpenMP) start. Tests of threaded code set
+# their own counts.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("PARLEY_THREADS", "1")
