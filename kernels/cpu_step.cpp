@@ -636,6 +636,7 @@ static void scores_int8(const Cache* c, const KV* kv, size_t base, int j0, int n
                 continue;
             }
             const int8_t* kr = K8 + (size_t)(jb + jj) * 64;
+            _mm_prefetch((const char*)(kr + 16 * 64), _MM_HINT_T0);  // a row 16 keys on: past a block's end it is the next block's
             const __m512i klo = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)kr));
             const __m512i khi = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(kr + 32)));
             for (int i = 0; i < NQ; i++)
@@ -682,6 +683,8 @@ static void values_int8(const Cache* c, const KV* kv, size_t base, int j0, int n
         for (int t = 0; t < 4; t++) acc[i][t] = _mm512_setzero_si512();
     for (int j = 0; j < n; j += 2) {
         const int8_t* ra = V8 + (size_t)j * 64;
+        _mm_prefetch((const char*)(ra + 16 * 64), _MM_HINT_T0);
+        _mm_prefetch((const char*)(ra + 17 * 64), _MM_HINT_T0);
         const __m256i* rb = (const __m256i*)(j + 1 < n ? ra + 64 : ra);  // weight 0 when past the end
         const __m512i alo = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)ra));
         const __m512i ahi = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(ra + 32)));
