@@ -7,12 +7,14 @@ from real_engines import fresh
 from parley.app.bench_faults import cancel_check
 from parley.engine import cached_model
 
+SEED = 1
+
 
 def test_the_cancel_check_passes_a_correct_engine_and_catches_a_stale_cache(monkeypatch):
-    result = cancel_check(fresh("none", 512), 4, seed=1, say=lambda _: None)
-    assert result["points"] == 4 and result["cancelled"] > 0 and result["mismatches"] == 0, result
+    result = cancel_check(fresh("none", 512), 4, seed=SEED, say=lambda _: None)
+    assert result["points"] == 4 and result["cancelled"] > 0 and result["mismatches"] == 0, (SEED, result)
 
     real = cached_model.common_prefix
     monkeypatch.setattr(cached_model, "common_prefix", lambda a, b: min(real(a, b) + 1, len(a), len(b)))
-    broken = cancel_check(fresh("none", 512), 4, seed=1, say=lambda _: None)
-    assert broken["mismatches"] > 0, broken
+    broken = cancel_check(fresh("none", 512), 4, seed=SEED, say=lambda _: None)
+    assert broken["mismatches"] > 0, (SEED, broken)
