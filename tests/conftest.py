@@ -25,3 +25,20 @@ def _isolated_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("PARLEY_DATA_DIR", str(base / "parley-data"))
     monkeypatch.setenv("PARLEY_CACHE_DIR", str(base / "parley-cache"))
     monkeypatch.setenv("PARLEY_CONFIG_DIR", str(base / "parley-config"))
+
+
+# The longest files (measured, --durations) start first: `--dist loadfile` hands files to workers in
+# collection order, and a long file collected last keeps one worker busy while the other idles.
+# The second is the Triton interpreter's, so one worker runs it while the other builds the INT4 model.
+LONGEST_FIRST = [
+    "test_batch_invariance_real_model.py", "test_triton_int4_matches_reference.py",
+    "test_cancel_real_model_next_reply_equals_fresh.py", "test_speculative_greedy_identity_real_model.py",
+    "test_prefix_reuse_real_model_equals_fresh.py", "test_speculative_output_law.py",
+    "test_speculative_distribution_is_target.py", "test_gguf_greedy_matches_transformers.py",
+    "test_quant_cache_atomic.py", "test_gpu_check_dry.py", "test_sass_budget.py",
+]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
