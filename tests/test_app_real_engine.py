@@ -42,7 +42,7 @@ async def test_real_model_reply_streams_with_stats(tmp_path, real_engine):
         print(f"\nreply: {reply.content!r}\n{stats}")
 
 
-async def test_keypress_handled_within_100ms_while_streaming(tmp_path, real_engine):
+async def test_keypresses_reach_the_prompt_while_streaming(tmp_path, real_engine):
     params = GenerationParams(temperature=0.0, max_new_tokens=200)
     app, _ = make_app(tmp_path, load=lambda progress: real_engine, params=params)
     async with app.run_test(size=(100, 30)) as pilot:
