@@ -9,8 +9,10 @@ reuses its KV cache for the longest common prefix, so the turns of one conversat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hmac
 import json
+import os
 import select
 import socket
 import sys
@@ -29,6 +31,9 @@ from parley.engine.params import SPECULATION_MODES, GenerationParams
 DEFAULT_PORT = 8000
 DEFAULT_QUEUE_SIZE = 8
 MAX_BODY = 32 << 20  # bytes: far beyond any context window's worth of text
+MAX_CHARS_PER_TOKEN = 128  # a prompt longer than this many characters per window token cannot fit: refused untokenized
+SOCKET_TIMEOUT_S = 30.0  # a client silent this long mid-request (or not reading its reply) is dropped
+MAX_CONNECTIONS = 64  # open connections; more are answered 503 at once (each holds a thread)
 OWNED_BY = "parley"  # what GET /v1/models says, so Parley's own client knows which extra fields it may send
 
 
@@ -39,7 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
-    parser.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on every request")
+    parser.add_argument("--api-key", default=None,
+                        help="require `Authorization: Bearer KEY` on every request (visible to every user in `ps`: "
+                             "prefer PARLEY_API_KEY or --api-key-file)")
+    parser.add_argument("--api-key-file", default=None,
+                        help="read the API key from this file (its first line)")
     parser.add_argument("--queue-size", type=int, default=DEFAULT_QUEUE_SIZE,
                         help=f"requests that may wait for the engine; more get 429 (default {DEFAULT_QUEUE_SIZE})")
 
@@ -50,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.queue_size < 0:
         raise ValueError(f"--queue-size {args.queue_size}: expected 0 or a positive integer")
+    args.api_key = api_key(args)
     engine = Engine.load(args.model, quant=args.quant, draft=args.draft, device=args.device,
                          progress=cli.print_progress, compile=args.compile, **cli.engine_options(args))
     try:
@@ -70,10 +80,33 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def api_key(args: argparse.Namespace) -> str | None:
+    """The key from --api-key, else --api-key-file, else PARLEY_API_KEY; never written anywhere."""
+    if args.api_key is not None:
+        key, source = args.api_key, "--api-key"
+    elif getattr(args, "api_key_file", None):
+        try:
+            with open(args.api_key_file, encoding="utf-8") as f:
+                key = f.readline()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"--api-key-file {args.api_key_file}: cannot read it ({e}); "
+                             "give a readable text file whose first line is the key") from None
+        key, source = key.strip(), f"--api-key-file {args.api_key_file}"
+    elif os.environ.get("PARLEY_API_KEY"):
+        key, source = os.environ["PARLEY_API_KEY"], "PARLEY_API_KEY"
+    else:
+        return None
+    if not key or key != key.strip() or not key.isprintable() or not key.isascii():
+        raise ValueError(f"{source}: the API key must be non-empty printable ASCII without surrounding spaces")
+    return key
+
+
 def make_server(engine: Any, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, api_key: str | None = None,
-                queue_size: int = DEFAULT_QUEUE_SIZE, log: Callable[[str], None] | None = None) -> ParleyServer:
+                queue_size: int = DEFAULT_QUEUE_SIZE, log: Callable[[str], None] | None = None,
+                timeout: float = SOCKET_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS) -> ParleyServer:
     """A bound server (port 0 picks a free one); call `serve_forever()` (in a thread, for tests)."""
-    return ParleyServer((host, port), engine, api_key=api_key, queue_size=queue_size, log=log)
+    return ParleyServer((host, port), engine, api_key=api_key, queue_size=queue_size, log=log, timeout=timeout,
+                        max_connections=max_connections)
 
 
 class RequestError(Exception):
@@ -112,6 +145,11 @@ class EngineQueue:
             self._waiting.append(ticket)
             return ticket
 
+    def leave(self, ticket: object) -> None:
+        with self._cond:
+            self._waiting.remove(ticket)
+            self._cond.notify_all()
+
     def wait_turn(self, ticket: object, gone: Callable[[], bool]) -> bool:
         """Block until `ticket` is at the head and the engine is free; False if the client left meanwhile."""
         with self._cond:
@@ -135,8 +173,11 @@ class ParleyServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], engine: Any, *, api_key: str | None, queue_size: int,
-                 log: Callable[[str], None] | None) -> None:
+                 log: Callable[[str], None] | None, timeout: float = SOCKET_TIMEOUT_S,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self.engine = engine
+        self.timeout_s = timeout
+        self._slots = threading.BoundedSemaphore(max_connections)
         self.api_key = api_key
         self.queue = EngineQueue(queue_size)
         self.log = log or (lambda line: print(line, file=sys.stderr))
@@ -145,11 +186,46 @@ class ParleyServer(ThreadingHTTPServer):
         self.finished: deque[str] = deque(maxlen=256)
         super().__init__(address, Handler)
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Every connection holds a thread: past `max_connections` open ones, answer 503 at once and close."""
+        if not self._slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n"
+                                b"Connection: close\r\n\r\n")
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """One line, never a traceback: a client that resets its connection is routine."""
+        exc = sys.exc_info()[1]
+        self.log(f"{client_address[0]} connection ended: {type(exc).__name__}: {exc}")
+
 
 class Handler(BaseHTTPRequestHandler):
     server: ParleyServer
     protocol_version = "HTTP/1.1"
     server_version = "parley"
+
+    def setup(self) -> None:
+        self.timeout = self.server.timeout_s  # every read and write on the socket; a silent client is dropped
+        super().setup()
+
+    def handle_one_request(self) -> None:
+        try:
+            super().handle_one_request()
+        except (ConnectionError, TimeoutError):  # a reset keep-alive connection, a client gone silent
+            self.close_connection = True
 
     def log_message(self, format: str, *args: Any) -> None:  # the request line only: never headers (the key)
         self.server.log(f"{self.address_string()} {format % args}")
@@ -181,15 +257,16 @@ class Handler(BaseHTTPRequestHandler):
                     self.close_connection = True
             self._send_json({"error": {"message": str(e), "type": e.kind, "param": e.param, "code": None}},
                             e.status)
-        except (BrokenPipeError, ConnectionResetError):
+        except (ConnectionError, TimeoutError):
             self.close_connection = True
-        except Exception as e:  # the server outlives anything one request hits
+        except Exception as e:  # the server outlives anything one request hits; its details stay in the log
             self.server.log(f"error: {type(e).__name__}: {e}")
             self.close_connection = True
             if self._streaming:
                 return
-            self._send_json({"error": {"message": f"internal error: {type(e).__name__}: {e}",
-                                       "type": "server_error", "param": None, "code": None}}, 500)
+            self._send_json({"error": {"message": "internal error: the server could not answer this request "
+                                       "(the details are in its log)", "type": "server_error", "param": None,
+                                       "code": None}}, 500)
 
     def _authorize(self) -> None:
         key = self.server.api_key
@@ -227,7 +304,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def _serve(self, req: CompletionRequest) -> None:
         queue = self.server.queue
-        ticket = queue.join()
+        ticket = queue.join()  # the prompt is tokenized only once admitted: a flood is refused untokenized
+        try:
+            check_length(req, self.server.engine)
+        except BaseException:
+            queue.leave(ticket)
+            raise
         if not queue.wait_turn(ticket, self._client_gone):
             self.close_connection = True
             self.server.finished.append("cancelled")
@@ -274,10 +356,10 @@ class Handler(BaseHTTPRequestHandler):
                 yield ev
 
     def _whole(self, req: CompletionRequest, events: Iterator, cancel: threading.Event) -> None:
+        # No cancel on end-of-input here: a client that half-closed after its request still reads the answer
+        # (the reply is bounded by max_tokens and the window); a streamed reply notices a gone client on write.
         text, stats, done = [], None, Done("error", "no reply")
         for ev in events:
-            if self._client_gone():
-                cancel.set()
             if isinstance(ev, TextDelta):
                 text.append(ev.text)
             elif isinstance(ev, Stats):
@@ -289,7 +371,7 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         if done.reason == "error":
-            raise RuntimeError(done.detail)
+            raise RuntimeError(done.detail)  # logged; the client gets a 500 without the internal text
         content = "".join(text)
         choice: dict[str, Any] = {"index": 0, "finish_reason": _finish_reason(done), "logprobs": None}
         if req.chat:
@@ -331,15 +413,17 @@ class Handler(BaseHTTPRequestHandler):
             if done.reason == "cancelled":
                 return
             if done.reason == "error":
-                self._write("data: " + json.dumps({"error": {"message": done.detail, "type": "server_error"}})
-                            + "\n\n")
+                self.server.log(f"error: {done.detail}")
+                self._write("data: " + json.dumps({"error": {"message": "internal error: the reply failed (the "
+                                                             "details are in the server's log)",
+                                                             "type": "server_error"}}) + "\n\n")
             else:
                 end = {"delta": {}} if req.chat else {"text": ""}
                 send({**end, "finish_reason": _finish_reason(done), "logprobs": None})
                 if include_usage:
                     send(None, usage=usage(stats))
             self._write("data: [DONE]\n\n")
-        except (BrokenPipeError, ConnectionResetError):
+        except (ConnectionError, TimeoutError):
             cancel.set()
             for ev in events:  # let the engine see the cancel and finish its round
                 if isinstance(ev, Done):
@@ -367,15 +451,28 @@ class Handler(BaseHTTPRequestHandler):
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
-            raise RequestError("Content-Length is not a number", "Content-Length") from None
+            length = -1
+        if length < 0:
+            raise RequestError("Content-Length: expected the body's size in bytes (0 or more)", "Content-Length")
         if length > MAX_BODY:
             raise RequestError(f"the body is {length} bytes; at most {MAX_BODY} are accepted", "body", status=413)
-        raw = self.rfile.read(length) if length else b""
+        try:
+            raw = self.rfile.read(length) if length else b""
+        except TimeoutError:
+            self.close_connection = True
+            raise RequestError(f"the body did not arrive within {self.server.timeout_s:g} s of silence "
+                               f"(Content-Length {length}); send the whole body", "body", status=408) from None
+        if len(raw) < length:
+            self.close_connection = True
+            raise RequestError(f"the body ended after {len(raw)} of its {length} bytes (Content-Length)", "body")
         self._body_read = True
         try:
             body = json.loads(raw)
+        except RecursionError:
+            raise RequestError("the body nests arrays/objects too deeply to parse; send a flat JSON object",
+                               "body") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RequestError(f"the body is not valid JSON ({e}); send a JSON object", "body") from None
+            raise RequestError(f"the body is not valid JSON ({str(e)[:80]}); send a JSON object", "body") from None
         if not isinstance(body, dict):
             raise RequestError("the body must be a JSON object", "body")
         return body
@@ -452,12 +549,16 @@ def parse_request(body: dict[str, Any], engine: Any, chat: bool) -> CompletionRe
         if not _is_int(body["draft_tokens"]) or not 1 <= body["draft_tokens"] <= 16:
             raise RequestError(f"draft_tokens={body['draft_tokens']!r}: expected 1 to 16", "draft_tokens")
         params.draft_tokens = body["draft_tokens"]
+    for field, message in params.problems():  # the engine's own ranges (e.g. a seed beyond 64 bits)
+        raise RequestError(message, field)
 
     stop = body.get("stop") or []
     if isinstance(stop, str):
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 16:
         raise RequestError("stop: expected a string or a list of up to 16 non-empty strings", "stop")
+    for s in stop:
+        _text(s, "stop")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise RequestError(f"stream={stream!r}: expected true or false", "stream")
@@ -472,28 +573,53 @@ def parse_request(body: dict[str, Any], engine: Any, chat: bool) -> CompletionRe
             if messages[-1]["role"] != "assistant":
                 raise RequestError("continue_final_message needs the last message to be the assistant's",
                                    "continue_final_message")
+            _too_long(sum(len(m["content"]) for m in messages), engine, "messages")
             prompt = engine.tokenizer.render_chat(messages[:-1]) + messages[-1]["content"]
             req = CompletionRequest(chat=True, model=model, params=params, stream=stream, include_usage=include_usage,
                                     stop=stop, prompt=prompt)
-            ids = engine.tokenizer.encode(prompt)
         else:
             req = CompletionRequest(chat=True, model=model, params=params, stream=stream, include_usage=include_usage,
                                     stop=stop, messages=messages)
-            ids = engine.tokenizer.encode_chat(messages)
-        field = "messages"
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if not isinstance(prompt, str) or not prompt:
             raise RequestError("prompt: expected a non-empty string", "prompt")
+        _text(prompt, "prompt")
         req = CompletionRequest(chat=False, model=model, params=params, stream=stream, include_usage=include_usage,
                                 stop=stop, prompt=prompt)
-        ids, field = engine.tokenizer.encode(prompt), "prompt"
+    _too_long(len(req.prompt) if req.prompt is not None else sum(len(m["content"]) for m in req.messages),
+              engine, "messages" if chat else "prompt")
+    return req
+
+
+def check_length(req: CompletionRequest, engine: Any) -> None:
+    """Tokenize the prompt (once the request holds a place in the queue) and refuse one the window cannot hold."""
+    if req.prompt is not None:
+        ids, field = engine.tokenizer.encode(req.prompt), "messages" if req.chat else "prompt"
+    else:
+        ids, field = engine.tokenizer.encode_chat(req.messages), "messages"
     if len(ids) >= engine.context_window:
         raise RequestError(f"{field}: the prompt is {len(ids)} tokens; the context window holds "
                            f"{engine.context_window}. Shorten it.", field)
-    return req
+
+
+def _too_long(chars: int, engine: Any, field: str) -> None:
+    """Refuse, without tokenizing, a prompt too long for the window at any plausible characters per token."""
+    if chars > MAX_CHARS_PER_TOKEN * engine.context_window:
+        raise RequestError(f"{field}: the prompt is {chars:,} characters; the context window holds "
+                           f"{engine.context_window} tokens. Shorten it.", field)
+
+
+def _text(value: str, field: str) -> str:
+    """Text the tokenizer can take: JSON's \\u escapes can carry lone surrogates, which are not Unicode text."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestError(f"{field}: character {e.start} is a lone surrogate ({value[e.start]!r}), not text; "
+                           "send valid UTF-8", field) from None
+    return value
 
 
 def _is_int(value: Any) -> bool:
@@ -528,6 +654,7 @@ def _messages(value: Any) -> list[dict[str, str]]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise RequestError(f"messages[{i}].content: expected a string", f"messages[{i}].content")
+        _text(content, f"messages[{i}].content")
         out.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
     return out
 

@@ -1,0 +1,127 @@
+"""Mutation testing: plant each bug of a fixed list in a copy of the tree, run the tests meant to catch it.
+
+    python scripts/mutants.py                 # every mutant, one at a time
+    python scripts/mutants.py verify-99 sse   # only the mutants whose name contains one of these words
+    python scripts/mutants.py --list
+
+Each mutant replaces one exact piece of source text (it must occur exactly once, or the mutant is reported
+STALE: the code moved, update the mutant) in a temporary copy of the files git knows about, then runs only
+its tests there (`pytest -x`, one process, its own cache folder). KILLED: a test failed. SURVIVED: every test
+passed, which is a hole in the tests. ERROR: pytest could not run them (the mutant broke an import, or a
+test file is missing), which proves nothing. The working tree is never modified. Exit status 0 only when
+every mutant was killed.
+
+To add one: append a `Mutant(name, file, old, new, tests)` to MUTANTS below: a plausible bug (an off-by-one,
+a swapped operand, a dropped check), the smallest `old` text that pins the place, and the few test files
+(or `file::test` ids) that should catch it. Run `python scripts/mutants.py NAME` and see it KILLED.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT_S = 600  # one mutant's test run; a mutant that hangs its tests this long counts as killed (timeout)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str  # relative to the repository root
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTANTS: list[Mutant] = [
+    # -- the four that an audit found surviving (issue 25) --
+    Mutant("serve-key-prefix", "app/serve.py",
+           'if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):',
+           'if not given.startswith(f"Bearer {key}"):',
+           ("tests/test_serve_api_key.py",)),
+    Mutant("verify-99-accepts-outright", "engine/speculative.py",
+           "if qx > 0 and float(torch.rand((), generator=generator)) * qx < px:",
+           "if qx > 0 and (px >= 0.99 * qx or float(torch.rand((), generator=generator)) * qx < px):",
+           ("tests/test_speculative_verify_acceptance_rate.py",)),
+    Mutant("native-merge-max-first-block", "kernels/cpu_step.cpp",
+           "for (int b = 0; b < nblocks; b++) gmax = std::fmax(gmax,",
+           "for (int b = 0; b < 1; b++) gmax = std::fmax(gmax,",
+           ("tests/test_native_step_sharp_attention.py",)),
+    Mutant("native-qwen3-k-with-q-norm", "kernels/cpu_step.cpp",
+           "h < H ? L->q_norm : L->k_norm",
+           "h < H ? L->q_norm : L->q_norm",
+           ("tests/test_native_step_matches_pytorch_every_arch.py",)),
+]
+
+
+def tree_files() -> list[str]:
+    """The files git tracks plus the untracked ones it does not ignore: what a clean checkout would hold."""
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                         capture_output=True, check=True).stdout
+    return [f for f in out.decode().split("\0") if f and (ROOT / f).is_file()]
+
+
+def run_one(m: Mutant, files: list[str], python: str) -> tuple[str, float, str]:
+    """(outcome, seconds, the last lines of pytest's output)."""
+    source = (ROOT / m.file).read_text()
+    if source.count(m.old) != 1:
+        return "STALE", 0.0, f"{m.file}: the text to replace occurs {source.count(m.old)} times, not once"
+    with tempfile.TemporaryDirectory(prefix=f"parley-mutant-{m.name}-") as tmp:
+        tree = Path(tmp) / "parley"  # the repository root is the `parley` package
+        for f in files:
+            dst = tree / f
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / f, dst)
+        (tree / m.file).write_text(source.replace(m.old, m.new))
+        env = {**os.environ, "PYTHONPATH": tmp, "PARLEY_CACHE_DIR": str(Path(tmp) / "cache"),
+               "PYTHONDONTWRITEBYTECODE": "1"}
+        env.pop("PARLEY_NATIVE_DIR", None)  # a mutated cpu_step.cpp must be built, never taken from a cache
+        start = time.monotonic()
+        try:
+            r = subprocess.run([python, "-m", "pytest", "-q", "-x", "-p", "no:xdist", "-p", "no:cacheprovider",
+                                *m.tests], cwd=tree, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return "KILLED (timeout)", time.monotonic() - start, ""
+        seconds = time.monotonic() - start
+        tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-3:])
+        outcome = {0: "SURVIVED", 1: "KILLED"}.get(r.returncode, f"ERROR (pytest exit {r.returncode})")
+        return outcome, seconds, tail
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("only", nargs="*", help="run only the mutants whose name contains one of these")
+    parser.add_argument("--list", action="store_true", help="print the mutants and exit")
+    parser.add_argument("--python", default=sys.executable, help="the interpreter that runs pytest")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTANTS if not args.only or any(w in m.name for w in args.only)]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:40} {m.file:32} {' '.join(m.tests)}")
+        return 0
+    if not chosen:
+        print(f"no mutant matches {args.only}; see --list", file=sys.stderr)
+        return 2
+    files = tree_files()
+    killed = 0
+    print(f"{'mutant':40} {'outcome':26} seconds")
+    for m in chosen:
+        outcome, seconds, tail = run_one(m, files, args.python)
+        killed += outcome.startswith("KILLED")
+        print(f"{m.name:40} {outcome:26} {seconds:7.1f}", flush=True)
+        if not outcome.startswith("KILLED"):
+            print("    " + tail.replace("\n", "\n    "), flush=True)
+    print(f"{killed} of {len(chosen)} killed, {len(chosen) - killed} survived or could not run")
+    return 0 if killed == len(chosen) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
