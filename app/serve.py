@@ -456,6 +456,7 @@ class Handler(BaseHTTPRequestHandler):
             raise RequestError("Content-Length: expected the body's size in bytes (0 or more)", "Content-Length")
         if length > MAX_BODY:
             raise RequestError(f"the body is {length} bytes; at most {MAX_BODY} are accepted", "body", status=413)
+        self._body_read = True  # read now, or the connection closes: a refusal must not read it again
         try:
             raw = self.rfile.read(length) if length else b""
         except TimeoutError:
@@ -465,7 +466,6 @@ class Handler(BaseHTTPRequestHandler):
         if len(raw) < length:
             self.close_connection = True
             raise RequestError(f"the body ended after {len(raw)} of its {length} bytes (Content-Length)", "body")
-        self._body_read = True
         try:
             body = json.loads(raw)
         except RecursionError:
