@@ -29,6 +29,9 @@ from .protocol import Capabilities
 from .reply_stats import ReplyStats
 
 DEFAULT_CONTEXT = 4096  # when the server does not say and no --context-window is given
+READ_TIMEOUT_S = 300.0  # a server silent this long (no headers, no event) is taken as stuck: a long prefill fits
+MAX_LINE = 1 << 20  # bytes in one event-stream line; an OpenAI chunk is a few hundred
+MAX_QUIET_LINES = 10_000  # lines in a row that carry no event (comments, unknown fields) before giving up
 OPENAI_FIELDS = ("temperature", "top_p", "max_new_tokens")  # every server takes these
 SPECULATION = ("speculation", "draft_tokens")  # Parley's own: only parley serve takes them
 
@@ -105,7 +108,7 @@ class RemoteEngine:
         self.context_window = context_window
         self.tokenizer = tokenizer  # parley Tokenizer of the served model, when the user gave one
         self._api_key = api_key  # kept only in memory, sent only as the Authorization header
-        self.client = client or httpx.Client(timeout=httpx.Timeout(10.0, read=None))
+        self.client = client or _client()
         self.warning = insecure_warning(self.url)  # told once, on the first reply
 
     def __repr__(self) -> str:  # never the key
@@ -116,7 +119,7 @@ class RemoteEngine:
                 context_window: int | None = None, client: httpx.Client | None = None) -> RemoteEngine:
         """Ask the server what it serves and what it is; raise ValueError saying what to fix."""
         url = base_url(url)
-        client = client or httpx.Client(timeout=httpx.Timeout(10.0, read=None))
+        client = client or _client()
         headers = _auth(api_key)
         resp = _get(client, f"{url}/models", headers)
         if resp.status_code == 401 or resp.status_code == 403:
@@ -128,6 +131,10 @@ class RemoteEngine:
             models = resp.json()["data"]
         except (ValueError, KeyError, TypeError):
             raise ValueError(f"GET {url}/models did not answer an OpenAI model list") from None
+        if not isinstance(models, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str)
+                                                   for m in models):
+            raise ValueError(f"GET {url}/models answered a malformed model list (expected \"data\": a list of "
+                             "{\"id\": ...} objects); is this an OpenAI-compatible endpoint?")
         if not models:
             raise ValueError(f"{url} serves no model yet (GET /v1/models is empty)")
         card = next((m for m in models if m.get("id") == model), None) if model else models[0]
@@ -202,6 +209,9 @@ class RemoteSession:
         """Stream the answer; a live change of a sampling field restarts the request from the text so far."""
         try:
             yield from self._reply(messages, params, cancel or threading.Event())
+        except httpx.TimeoutException:
+            yield Done("error", f"{self.engine.url} sent nothing for {self.engine.client.timeout.read or 0:g} s: "
+                                "the server is stuck or overloaded; try again or restart it")
         except httpx.HTTPError as e:
             yield Done("error", f"lost {self.engine.url}: {type(e).__name__}: {e}")
         except ValueError as e:
@@ -231,27 +241,39 @@ class RemoteSession:
             restart = False
             with eng.open(path, body) as resp:
                 if resp.status_code != 200:
-                    resp.read()
+                    _read_some(resp)
                     yield Done("error", f"{eng.server.name} answered {resp.status_code}: {_error_message(resp)}")
                     return
+                kind = resp.headers.get("content-type", "")
+                if "html" in kind:
+                    yield Done("error", f"{eng.url}{path} answered a web page ({kind}), not an event stream: "
+                                        "is --server an OpenAI-compatible endpoint (it usually ends in /v1)?")
+                    return
                 segment = _Segment()
-                for data in iter_sse(resp.iter_lines()):
+                for data in iter_sse(sse_lines(resp.iter_bytes())):
                     if cancel.is_set():
                         break  # leaving `with` closes the connection: the server stops generating
                     try:
                         chunk = json.loads(data)
-                    except ValueError:
+                    except (ValueError, RecursionError):
                         yield Done("error", f"{eng.server.name} sent a stream event that is not JSON: {data[:80]!r}")
                         return
-                    if "error" in chunk or chunk.get("object") == "error":
+                    if isinstance(chunk, dict) and ("error" in chunk or chunk.get("object") == "error"):
                         yield Done("error", f"{eng.server.name}: {_message(chunk)}")
                         return
-                    piece, reason = segment.read(chunk, path)
+                    try:
+                        piece, reason = segment.read(chunk, path)
+                    except ValueError as e:
+                        yield Done("error", f"{eng.server.name} sent a malformed stream event ({e}): {data[:80]!r}")
+                        return
                     finish = reason or finish
                     if piece:
                         text += piece
                         figures.token(segment)
                         yield TextDelta(piece)
+                    if finish is None and figures.new_tokens >= params.max_new_tokens:
+                        finish = "length"  # a server that ignores max_tokens is cut off here
+                        break
                     if figures.due():
                         yield figures.stats()
                     changed = _changed(params, live.snapshot(), eng.server.extra)
@@ -304,16 +326,22 @@ class _Segment:
         self.usage: dict[str, Any] = {}
         self.timings: dict[str, Any] = {}
 
-    def read(self, chunk: dict[str, Any], path: str) -> tuple[str, str | None]:
+    def read(self, chunk: Any, path: str) -> tuple[str, str | None]:
+        """(text, finish reason) of one chunk; ValueError naming the first field of the wrong type."""
+        _expect(chunk, dict, "the event")
         if chunk.get("usage"):
-            self.usage = chunk["usage"]
+            self.usage = _expect(chunk["usage"], dict, "usage")
         if chunk.get("timings"):  # llama-server
-            self.timings = chunk["timings"]
+            self.timings = _expect(chunk["timings"], dict, "timings")
         piece, reason = "", None
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            piece += (delta.get("content") or "") if "chat" in path else (choice.get("text") or "")
-            reason = choice.get("finish_reason") or reason
+        for choice in _expect(chunk.get("choices") or [], list, "choices"):
+            _expect(choice, dict, "a choice")
+            if "chat" in path:
+                delta = _expect(choice.get("delta") or {}, dict, "delta")
+                piece += _expect(delta.get("content") or "", str, "delta.content")
+            else:
+                piece += _expect(choice.get("text") or "", str, "text")
+            reason = _expect(choice.get("finish_reason") or reason, (str, type(None)), "finish_reason")
         if piece:
             self.chunks += 1
         return piece, reason
@@ -321,7 +349,7 @@ class _Segment:
     @property
     def tokens(self) -> int:
         """The server's count when it gave one, else one token per chunk (what these servers stream)."""
-        return int(self.usage.get("completion_tokens") or self.timings.get("predicted_n") or self.chunks)
+        return _count(self.usage.get("completion_tokens")) or _count(self.timings.get("predicted_n")) or self.chunks
 
 
 class _Figures(ReplyStats):
@@ -342,22 +370,24 @@ class _Figures(ReplyStats):
         self.done_tokens += segment.tokens
         self.new_tokens = self.done_tokens
         usage, timings = segment.usage, segment.timings
-        details = usage.get("prompt_tokens_details") or {}
-        self.reused_tokens = int(details.get("cached_tokens") or timings.get("cache_n") or 0)
-        prompt = int(usage.get("prompt_tokens") or (timings.get("prompt_n", 0) + timings.get("cache_n", 0)))
+        details = usage.get("prompt_tokens_details")
+        details = details if isinstance(details, dict) else {}
+        self.reused_tokens = _count(details.get("cached_tokens")) or _count(timings.get("cache_n"))
+        prompt = _count(usage.get("prompt_tokens")) or _count(timings.get("prompt_n")) + _count(timings.get("cache_n"))
         self.prompt_tokens = max(0, prompt - self.reused_tokens)
         # the last request's prompt (which holds the earlier segments' text) and its output
         self.context_tokens = prompt + segment.tokens if prompt else 0
         spec = usage.get("parley") or {}
-        if spec:
-            self.accepted += int(spec.get("accepted", 0))
-            self.proposed += int(spec.get("proposed", 0))
-            self.drafter = spec.get("drafter", "")
-            rate = spec.get("tokens_per_target_pass") or 0
+        if isinstance(spec, dict) and spec:
+            self.accepted += _count(spec.get("accepted"))
+            self.proposed += _count(spec.get("proposed"))
+            self.drafter = str(spec.get("drafter", ""))[:80]
+            rate = spec.get("tokens_per_target_pass")
+            rate = float(rate) if isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0 else 0
             self.passes += segment.tokens / rate if rate else 0
         elif "draft_n" in timings:  # llama-server with a draft model
-            self.accepted += int(timings.get("draft_n_accepted", 0))
-            self.proposed += int(timings["draft_n"])
+            self.accepted += _count(timings.get("draft_n_accepted"))
+            self.proposed += _count(timings["draft_n"])
             self.drafter = "llama-server draft"
 
     def stats(self) -> Stats:
@@ -369,10 +399,31 @@ class _Figures(ReplyStats):
                        context_tokens=s.context_tokens or n)
 
 
+def sse_lines(chunks: Iterable[bytes], max_line: int = MAX_LINE) -> Iterator[str]:
+    """The lines of an event stream (LF or CRLF ends), none longer than `max_line` bytes: a server cannot make
+    the client hold an endless line in memory."""
+    pending = b""
+    for chunk in chunks:
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            if len(line) > max_line:
+                break
+            yield line.removesuffix(b"\r").decode("utf-8", "replace")
+        if len(pending) > max_line or any(len(line) > max_line for line in lines):
+            raise ValueError(f"the server sent an event-stream line of over {max_line:,} bytes")
+    if pending:
+        yield pending.removesuffix(b"\r").decode("utf-8", "replace")
+
+
 def iter_sse(lines: Iterable[str]) -> Iterator[str]:
-    """The `data` of each server-sent event, until `[DONE]`; comments and other fields are skipped."""
+    """The `data` of each server-sent event, until `[DONE]`; comments and other fields are skipped (at most
+    MAX_QUIET_LINES in a row: a stream of keep-alives alone is a stuck server)."""
     data: list[str] = []
+    quiet = 0
     for line in lines:
+        quiet = 0 if line.startswith("data:") else quiet + 1
+        if quiet > MAX_QUIET_LINES:
+            raise ValueError(f"the server sent {MAX_QUIET_LINES:,} event-stream lines in a row without data")
         if line == "":
             if data:
                 payload = "\n".join(data)
@@ -390,6 +441,31 @@ def _changed(sent: GenerationParams, now: GenerationParams, extra: tuple[str, ..
     """The fields the server honours that differ (a new seed mid-reply means nothing, so it is not one)."""
     honoured = [*OPENAI_FIELDS, *(f for f in extra if f != "seed")]
     return {f for f in honoured if getattr(sent, f) != getattr(now, f)}
+
+
+def _client() -> httpx.Client:
+    return httpx.Client(timeout=httpx.Timeout(10.0, read=READ_TIMEOUT_S))
+
+
+def _expect(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
+    if not isinstance(value, kind):
+        raise ValueError(f"{what} is a {type(value).__name__}")
+    return value
+
+
+def _count(value: Any) -> int:
+    """A token count from the server's figures; anything but a non-negative integer counts as unknown (0)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _read_some(resp: httpx.Response, limit: int = 1 << 16) -> None:
+    """Read up to `limit` bytes of an error answer (enough for its message; an endless one is cut)."""
+    body = b""
+    for chunk in resp.iter_bytes():
+        body += chunk
+        if len(body) >= limit:
+            break
+    resp._content = body[:limit]  # what .json() / .text read
 
 
 def _auth(api_key: str | None) -> dict[str, str]:
@@ -430,13 +506,15 @@ def _error_message(resp: httpx.Response) -> str:
 def _context_length(card: dict[str, Any]) -> int | None:
     """vLLM, SGLang and parley serve: `max_model_len`; llama-server: `meta.n_ctx_train` (the trained length,
     used only when its `/props` does not give the running `n_ctx`)."""
-    value = card.get("max_model_len") or (card.get("meta") or {}).get("n_ctx_train")
-    return int(value) if value else None
+    meta = card.get("meta")
+    value = card.get("max_model_len") or (meta.get("n_ctx_train") if isinstance(meta, dict) else None)
+    return _count(value) or None
 
 
 def _llamacpp_context(client: httpx.Client, root: str, headers: dict[str, str], kind: str) -> int | None:
     if kind != "llamacpp":
         return None
     resp = _get(client, f"{root}/props", headers, quiet=True)
-    n_ctx = (_json(resp).get("default_generation_settings") or {}).get("n_ctx") if resp is not None else None
-    return int(n_ctx) if n_ctx else None
+    body = _json(resp) if resp is not None else {}
+    settings = body.get("default_generation_settings") if isinstance(body, dict) else None
+    return _count(settings.get("n_ctx")) or None if isinstance(settings, dict) else None
