@@ -162,7 +162,12 @@ class ModelConfig:
             raise ConfigError(f"{path}: not valid JSON ({e}); re-download the model") from None
         except OSError as e:
             raise ConfigError(f"{path}: cannot be read ({e.strerror}); check its permissions") from None
-        return cls.from_hf(cfg, source=str(path))
+        try:
+            return cls.from_hf(cfg, source=str(path))
+        except ConfigError as e:  # a value only the dataclass checks (e.g. an odd head_dim): name the file too
+            if str(e).startswith(str(path)):
+                raise
+            raise ConfigError(f"{path}: {e}; fix or re-download the config") from None
 
     @classmethod
     def from_gguf(cls, source: str | Path | Any) -> ModelConfig:

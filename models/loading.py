@@ -119,6 +119,7 @@ def assemble(config: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], d
                 f"{source}: tensor {name} has shape {tuple(tensor.shape)}, the config implies "
                 f"{tuple(expected[name])}; the weights and the config disagree, re-download the model"
             )
+        _check_values(name, tensor, source)
         if tensor.is_floating_point():  # INT4 scales stay fp16, as the kernels read them; packed ints as stored
             tensor = tensor.to(torch.float16 if name.endswith(".scales") else dtype)
         placed[name] = tensor.to(device)
@@ -133,6 +134,19 @@ def assemble(config: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], d
         model.lm_head.weight = model.embed_tokens.weight
     model.inv_freq = _rotary_frequencies(config, rope_freqs, inv_freq, source).to(device)
     return model.eval()
+
+
+def _check_values(name: str, tensor: torch.Tensor, source: str) -> None:
+    """Packed INT4 tensors are int32, everything else floating point and finite: a damaged file fails here,
+    by name, not as NaN logits ("the model produced no text") later."""
+    packed = name.endswith((".qweight", ".qzeros"))
+    if packed != (tensor.dtype == torch.int32) or (not packed and not tensor.is_floating_point()):
+        expected = "int32 (packed INT4)" if packed else "floating point"
+        raise ModelLoadError(f"{source}: tensor {name} is stored as {str(tensor.dtype).removeprefix('torch.')}, "
+                             f"expected {expected}; the file is damaged or not this model's, re-download it")
+    if not packed and not bool(torch.isfinite(tensor).all()):
+        raise ModelLoadError(f"{source}: tensor {name} holds NaN or infinite values; the file is damaged, "
+                             "re-download the model")
 
 
 def _shapes(model: Transformer, config: ModelConfig) -> dict[str, torch.Size]:

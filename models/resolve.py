@@ -197,6 +197,9 @@ def weight_files(path: Path) -> list[str]:
             weight_map: dict[str, Any] = json.loads(index.read_text())["weight_map"]
         except (ValueError, KeyError, TypeError) as e:
             raise ModelLoadError(f"{index}: not a valid safetensors index ({e}); re-download the model") from None
+        if not isinstance(weight_map, dict):
+            raise ModelLoadError(f"{index}: weight_map is a {type(weight_map).__name__}, expected an object "
+                                 "{tensor name: shard file}; re-download the model")
         names = sorted(set(weight_map.values()))
         for name in names:  # the index is untrusted: it may only name files beside it
             if not isinstance(name, str) or Path(name).name != name or not name.endswith(".safetensors"):

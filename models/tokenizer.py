@@ -214,6 +214,23 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _added_tokens(decoder: Any, where: Path) -> tuple[dict[int, str], set[int]]:
+    """tokenizer_config.json's added_tokens_decoder ({"id": {"content": ..., "special": ...}}), checked."""
+    added: dict[int, str] = {}
+    flagged: set[int] = set()
+    if decoder is None:
+        return added, flagged
+    for key, token in (decoder or {}).items() if isinstance(decoder, dict) else [(None, decoder)]:
+        if not (isinstance(key, str) and key.isdigit() and isinstance(token, dict)
+                and isinstance(token.get("content"), str)):
+            raise ModelLoadError(f"{where}: added_tokens_decoder entry {key!r}: expected \"id\": {{\"content\": "
+                                 "text, ...}}; fix or re-download the file")
+        added[int(key)] = token["content"]
+        if token.get("special"):
+            flagged.add(int(key))
+    return added, flagged
+
+
 def _token_text(value: Any) -> str | None:
     """A special token as tokenizer_config spells it: a string, or {"content": ...}."""
     if isinstance(value, dict):
@@ -239,14 +256,15 @@ def _from_dir(path: Path) -> Tokenizer:
                 f"{path / 'tokenizer.json'}: cannot be read ({e}); re-download the model"
             ) from None
     elif (path / "tokenizer.model").is_file():
-        added = {int(i): t["content"] for i, t in (config.get("added_tokens_decoder") or {}).items()}
-        flagged = {int(i) for i, t in (config.get("added_tokens_decoder") or {}).items() if t.get("special")}
+        added, flagged = _added_tokens(config.get("added_tokens_decoder"), path / "tokenizer_config.json")
         try:
             backend = SentencePieceBackend(path / "tokenizer.model", added, flagged)
         except (RuntimeError, OSError) as e:
             raise ModelLoadError(f"{path / 'tokenizer.model'}: cannot be read ({e}); re-download the model") from None
     else:
         raise ModelLoadError(f"{path}: no tokenizer.json or tokenizer.model; Parley needs one of them")
+    if not backend.vocab():
+        raise ModelLoadError(f"{path}: the tokenizer's vocabulary is empty; re-download the model")
     template = chat_template.pick_template(config.get("chat_template"))
     where = f"{path / 'tokenizer_config.json'}: chat_template"
     if template is None and (path / "chat_template.jinja").is_file():
