@@ -5,13 +5,17 @@ Templates come from downloaded files, so they are untrusted code: they run in an
 see only plain data. The globals and filters are the ones transformers provides, since templates
 are written against those (`raise_exception`, `strftime_now`, a `tojson` that keeps non-ASCII).
 
-Rendering is also bounded: the source size, the output size, the time, and string/list repetition are
-capped, and a `cancel` event stops it. Jinja has no hook per loop step, so every `for` loop's iterable is
-wrapped (at parse time) in a generator that checks the budget; calls and attribute reads check it too.
+Rendering is also bounded: the source size, the output size, the time, and the memory, and a `cancel`
+event stops it. Jinja has no hook per loop step, so every `for` loop's iterable is wrapped (at parse time)
+in a generator that checks the budget; calls and attribute reads check it too. Memory: every operation that
+can build a large string or list (`+`, `*`, `~`, calls, filters) is checked before it allocates (its size
+arguments) and after (its result), and what they build is counted over the render: a template that doubles
+a string in a loop stops at MAX_BUILT characters, not at the time limit.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -30,6 +34,8 @@ from .errors import ModelLoadError
 MAX_SOURCE = 1 << 20  # characters of template source (real ones are a few kB, tool-use ones ~50 kB)
 MAX_OUTPUT = 1 << 24  # characters rendered: far beyond any context window
 TIME_LIMIT_S = 10.0  # real templates render in milliseconds
+MAX_BUILT = 4 * MAX_OUTPUT  # characters (or items) built by string/list operations over one render
+MAX_SIZE_ARGUMENT = 1 << 24  # a width or count passed to a call or filter (`zfill`, `center`, `indent`)
 
 
 class RenderCancelled(Exception):
@@ -41,6 +47,7 @@ class _Budget(threading.local):
 
     deadline = float("inf")
     cancel: threading.Event | None = None
+    built = 0
 
     def check(self) -> None:
         if self.cancel is not None and self.cancel.is_set():
@@ -51,6 +58,44 @@ class _Budget(threading.local):
 
 
 _budget = _Budget()
+
+
+def _sized(value: Any) -> Any:
+    """Count a string or list an operation built against the render's budget."""
+    if isinstance(value, (str, list, tuple)):
+        if len(value) > MAX_OUTPUT:
+            raise jinja2.exceptions.SecurityError(f"a value of {len(value):,} items, more than a chat template "
+                                                  "can output")
+        _budget.built += len(value)
+        if _budget.built > MAX_BUILT:
+            raise jinja2.exceptions.SecurityError(f"the template built more than {MAX_BUILT:,} characters "
+                                                  "(a loop that grows a string?)")
+    return value
+
+
+def _size_arguments(args: Iterable[Any]) -> None:
+    """Refuse a size argument (`center(10**10)`, `zfill`, `indent(...)`) beyond what a template can output."""
+    for a in args:
+        if isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_SIZE_ARGUMENT:
+            raise jinja2.exceptions.SecurityError(f"an argument of {a} is too large for a chat template")
+
+
+def _joined(*parts: Any) -> str:
+    """`a ~ b`: the sizes are checked before the join."""
+    texts = [str(p) for p in parts]
+    if sum(map(len, texts)) > MAX_OUTPUT:
+        raise jinja2.exceptions.SecurityError("a concatenation larger than a chat template can output")
+    return _sized("".join(texts))
+
+
+def _bounded_filter(f: Any) -> Any:
+    @functools.wraps(f)  # keeps jinja's pass_context / pass_environment marks
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        _budget.check()
+        _size_arguments([*args[1:], *kwargs.values()])
+        return _sized(f(*args, **kwargs))
+
+    return checked
 
 
 def _bounded(iterable: Iterable[Any]) -> Iterator[Any]:
@@ -69,11 +114,15 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         for loop in list(tree.find_all(nodes.For)):
             loop.iter = nodes.Call(nodes.Name("_parley_bounded", "load"), [loop.iter], [], None, None,
                                    lineno=loop.lineno)
+        for concat in list(tree.find_all(nodes.Concat)):  # `a ~ b ~ c` -> _parley_joined(a, b, c)
+            concat.nodes = [nodes.Call(nodes.Name("_parley_joined", "load"), concat.nodes, [], None, None,
+                                       lineno=concat.lineno)]
         return tree
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (jinja's signature)
         _budget.check()
-        return super().call(__context, __obj, *args, **kwargs)
+        _size_arguments([*args, *kwargs.values()])
+        return _sized(super().call(__context, __obj, *args, **kwargs))
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         _budget.check()
@@ -92,7 +141,10 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             count, seq = (right, left) if isinstance(right, int) else (left, right)
             if count * len(seq) > MAX_OUTPUT:
                 raise jinja2.exceptions.SecurityError("a repetition larger than a chat template can output")
-        return super().call_binop(context, operator, left, right)
+        if operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)) \
+                and len(left) + len(right) > MAX_OUTPUT:
+            raise jinja2.exceptions.SecurityError("a concatenation larger than a chat template can output")
+        return _sized(super().call_binop(context, operator, left, right))
 
 # For a model that ships no template (a base model): ChatML, the most common instruct format.
 FALLBACK_TEMPLATE = (
@@ -126,6 +178,8 @@ def compile_template(source: str) -> jinja2.Template:
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.globals["_parley_bounded"] = _bounded
+    env.globals["_parley_joined"] = _joined
+    env.filters = {name: _bounded_filter(f) for name, f in env.filters.items()}
     try:
         return env.from_string(source)
     except (jinja2.TemplateSyntaxError, RecursionError, MemoryError) as e:
@@ -153,7 +207,7 @@ def render(source: str, messages: list[dict[str, Any]], add_generation_prompt: b
     """
     plain = [{str(k): v for k, v in dict(m).items()} for m in messages]
     template = compile_template(source)
-    _budget.deadline, _budget.cancel = time.monotonic() + time_limit_s, cancel
+    _budget.deadline, _budget.cancel, _budget.built = time.monotonic() + time_limit_s, cancel, 0
     parts, size = [], 0
     try:
         for chunk in template.generate(messages=plain, add_generation_prompt=add_generation_prompt,
