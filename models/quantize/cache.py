@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from ..errors import ModelLoadError
 from ..progress import Progress, ProgressFn
@@ -213,14 +214,24 @@ def ensure_quantized(files: ModelFiles, *, group_size: int = 128, calib: str | l
             if progress:  # said before the slow part, so a caller can carry on with something else meanwhile
                 progress(Progress("quantize", 0, 0, "layer", "starting AWQ quantization"))
             build(files, key, folder, calib, progress, device)
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+    except (OSError, SafetensorError) as e:
+        code, why = _write_error(e)
+        if code not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
             raise
         raise ModelLoadError(
-            f"{folder.parent}: cannot write the quantized model ({e.strerror}); free some space or make it "
+            f"{folder.parent}: cannot write the quantized model ({why}); free some space or make it "
             f"writable, or set {CACHE_ENV} to a folder on another disk (nothing partial was kept)"
         ) from None
     return result
+
+
+def _write_error(e: OSError | SafetensorError) -> tuple[int | None, str]:
+    """(errno, its text) of a failed write; safetensors reports one as `IoError(Os { code: 28, ... })`."""
+    if isinstance(e, OSError):
+        return e.errno, e.strerror or str(e)
+    found = re.search(r"code: (\d+)", str(e))
+    code = int(found.group(1)) if found else None
+    return code, os.strerror(code) if code is not None else str(e)
 
 
 @contextmanager
