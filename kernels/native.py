@@ -5,8 +5,9 @@ Why ctypes and not a torch extension: the library includes no torch headers, so 
 Tensors cross as raw pointers; the caller keeps them alive (see `models/native_step.py`).
 
 The build is keyed by the source, the compiler flags and this CPU's feature flags, written to a temporary
-name and renamed into place, so a half-written library is never loaded. No compiler: `load()` returns None
-and says why once; the engine then runs its PyTorch path.
+name and renamed into place, so a half-written library is never loaded; its SHA-256 is recorded beside it
+and checked before every load, so a library changed or damaged in the cache folder is rebuilt, not run.
+No compiler: `load()` returns None and says why once; the engine then runs its PyTorch path.
 """
 
 from __future__ import annotations
@@ -98,11 +99,21 @@ def library_path() -> Path:
     return cache_dir() / f"libparley_step-{key}.so"
 
 
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def build(verbose: bool = False) -> Path:
-    """Compile the library for this machine if it is not built yet; returns its path."""
+    """Compile the library for this machine unless a library matching its recorded hash is there; its path."""
     out = library_path()
+    record = out.with_name(out.name + ".sha256")
     if out.exists():
-        return out
+        try:
+            if record.read_text().strip() == _sha256(out):
+                return out
+        except OSError:
+            pass
+        log.warning("%s does not match its recorded SHA-256: rebuilding it", out)
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     if not cxx:
         raise RuntimeError("no C++ compiler found (install g++, e.g. `apt-get install g++`)")
@@ -113,10 +124,13 @@ def build(verbose: bool = False) -> Path:
         r = subprocess.run([cxx, *flags(), str(SOURCE), "-o", tmp], capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"{cxx} failed to build {SOURCE.name}:\n{r.stderr.strip()[-2000:]}")
+        Path(tmp + ".sha256").write_text(_sha256(Path(tmp)) + "\n")
+        os.replace(tmp + ".sha256", record)  # the record first: a library is never there without it
         os.replace(tmp, out)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for leftover in (tmp, tmp + ".sha256"):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
     if verbose:
         print(f"built {out}")
     return out
