@@ -68,8 +68,8 @@ def read_bandwidth_gbs(mb: int = 512, repeats: int = 5) -> float:
 def weight_bytes_per_token(engine) -> int:
     """Bytes of weights a decode step reads: every decoder and head weight, plus one embedding row."""
     model = engine.model
-    if model.native is not None:
-        return model.native.weight_bytes
+    if engine.native is not None:
+        return engine.native.weight_bytes
     total = 0
     seen: set[int] = set()
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
                 ids = engine.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
                 wbytes = weight_bytes_per_token(engine)
                 kv_pos = engine.target.cache.bytes_per_position()
-                r: dict = {"path": "native" if engine.model.native is not None else "torch",
+                r: dict = {"path": engine.step_kind,
                            "quantization": engine.quantization, "kv_cache": engine.kv_cache,
                            "load_s": round(load_s, 1), "weight_mb_per_token": round(wbytes / 1e6, 1),
                            "kv_cache_mb": round(kv_pos * engine.target.cache.max_len / 1e6, 1)}

@@ -253,8 +253,7 @@ def cancel_check(engine, points: int, seed: int, say: Callable[[str], None]) -> 
     texts = [p.read_text() for p in sorted((Path(__file__).resolve().parents[1] / "assets" / "heldout").glob("*.txt"))]
 
     def fresh() -> Engine:
-        return Engine(engine.model, engine.tokenizer, name=engine.model_name, quantization=engine.quantization,
-                      context_window=engine.context_window, kv_cache=engine.kv_cache)
+        return engine.fresh()
 
     rng = random.Random(seed)
     mismatches: list[tuple[int, int]] = []

@@ -105,12 +105,12 @@ def _pass_cost(engine, context: list[int], repeats: int) -> dict[str, dict[str, 
             start = time.perf_counter()
             engine.forward(context[-1:] * t)  # written after the context, never committed
             best[t] = min(best[t], time.perf_counter() - start)
-            if model.native is None:  # the native step's head runs inside its one call: not separable
+            if engine.native is None:  # the native step's head runs inside its one call: not separable
                 start = time.perf_counter()
                 model.lm_head(x[:, :t])
                 head[t] = min(head[t], time.perf_counter() - start)
     out = {"pass_ms": {str(t): round(s * 1e3, 1) for t, s in best.items()}}
-    if model.native is None:
+    if engine.native is None:
         out["head_ms"] = {str(t): round(s * 1e3, 1) for t, s in head.items()}
     return out
 

@@ -86,7 +86,12 @@ class RequestError(Exception):
 
 
 class EngineQueue:
-    """First come, first served turns at the one engine; at most `size` requests wait behind the running one."""
+    """First come, first served turns at the one engine; at most `size` requests wait behind the running one.
+
+    The engine itself runs one reply at a time (`Engine.turn`); this is kept beside it for what a lock cannot
+    give an HTTP server: arrival order, a bound on waiting requests (429 past it), and dropping a request
+    whose client left while it waited, before it ever reaches the engine.
+    """
 
     def __init__(self, size: int) -> None:
         self.size = size

@@ -25,6 +25,8 @@ class Stats:
     context_tokens: int = 0  # tokens in the context after this reply
     context_window: int = 0
     drafter: str = ""  # "prompt lookup", the draft model's name, or "" when not speculating
+    kv_cache: str = ""  # the KV cache storage the reply ran on: fp | bf16 | int8 | k8v4
+    step: str = ""  # what the target's passes ran on: native | torch | compiled | graphed
 
     @property
     def acceptance_rate(self) -> float:
