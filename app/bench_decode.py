@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import subprocess
 import sys
 import time
@@ -140,19 +139,13 @@ def prefill_rate(engine, prompt_ids: list[int], tokens: int, repeats: int) -> fl
 
 
 def load_engine(args: argparse.Namespace, quant: str, kv: str, path: str):
-    from ..engine.engine import Engine
+    if args.random:
+        from .bench_random import random_engine
 
-    if path == "torch":
-        os.environ["PARLEY_NATIVE"] = "0"  # read at attach time; restored below
-    try:
-        if args.random:
-            from .bench_random import random_engine
+        return random_engine(args.random, quant, args.device, kv_cache=kv, native=path != "torch")
+    from .engine_from_args import engine_from_args
 
-            return random_engine(args.random, quant, args.device, kv_cache=kv)
-        return Engine.load(args.model, quant=quant, device=args.device, kv_cache=None if kv == "auto" else kv,
-                           threads=args.threads)
-    finally:
-        os.environ.pop("PARLEY_NATIVE", None)
+    return engine_from_args(args, quant=quant, kv_cache=kv, native=path != "torch", draft=None, compile=None)
 
 
 def memory_at(args: argparse.Namespace, quant: str, kv: str, tokens: int) -> dict:

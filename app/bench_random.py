@@ -8,7 +8,7 @@ RANDOM_SHAPES = {
 }
 
 
-def random_engine(shape: str, quant: str, device: str | None, kv_cache: str = "auto"):
+def random_engine(shape: str, quant: str, device: str | None, kv_cache: str = "auto", native: bool = True):
     """An engine over random weights of a named shape, with the embedded model's tokenizer. `awq` here is
     round-to-nearest INT4 of the random weights: the same layout, kernels and bytes as a real AWQ model."""
     import torch
@@ -29,6 +29,6 @@ def random_engine(shape: str, quant: str, device: str | None, kv_cache: str = "a
     if quant == "awq":
         for parent, name, linear in decoder_linears(model):
             setattr(parent, name, Int4Linear.from_linear(linear, 128))
-    native = prepare_for_device(model)
+    step = prepare_for_device(model, native=native)
     return Engine(model, tokenizer, name=f"random-{shape}", quantization="rtn-int4" if quant == "awq" else "none",
-                  context_window=4096, kv_cache=kv_cache, native=native)
+                  context_window=4096, kv_cache=kv_cache, native=step)

@@ -42,7 +42,7 @@ def document() -> str:
 
 
 def one_reply(engine, messages: list[dict], speculation: str, new_tokens: int, draft_tokens: int) -> dict:
-    from ..engine.events import Done, Stats
+    from ..engine.events import consume
     from ..engine.params import GenerationParams
 
     engine.reset_cache()
@@ -50,12 +50,8 @@ def one_reply(engine, messages: list[dict], speculation: str, new_tokens: int, d
         engine.draft.reset()
     params = GenerationParams(temperature=0, max_new_tokens=new_tokens, speculation=speculation,
                               draft_tokens=draft_tokens)
-    stats = done = None
-    for ev in engine.session().reply(messages, params):
-        if isinstance(ev, Stats):
-            stats = ev
-        elif isinstance(ev, Done):
-            done = ev
+    reply = consume(engine.session().reply(messages, params))
+    stats, done = reply.stats, reply.done
     if done is None or done.reason == "error" or stats is None:
         raise RuntimeError(f"reply failed: {done}")
     return {"tok_s": round(stats.tokens_per_s, 2), "new_tokens": stats.new_tokens, "proposed": stats.proposed,

@@ -23,7 +23,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from parley.engine.events import Done, Stats, TextDelta
+from parley.engine.events import Done, Stats, TextDelta, consume
 from parley.engine.params import SPECULATION_MODES, GenerationParams
 
 DEFAULT_PORT = 8000
@@ -45,13 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from parley.app import cli
-    from parley.engine.engine import Engine
+    from parley.app.engine_from_args import engine_from_args
 
     if args.queue_size < 0:
         raise ValueError(f"--queue-size {args.queue_size}: expected 0 or a positive integer")
-    engine = Engine.load(args.model, quant=args.quant, draft=args.draft, device=args.device,
-                         progress=cli.print_progress, compile=args.compile, **cli.engine_options(args))
+    engine = engine_from_args(args)
     try:
         server = make_server(engine, args.host, args.port, api_key=args.api_key, queue_size=args.queue_size)
     except OSError as e:
@@ -279,23 +277,19 @@ class Handler(BaseHTTPRequestHandler):
                 yield ev
 
     def _whole(self, req: CompletionRequest, events: Iterator, cancel: threading.Event) -> None:
-        text, stats, done = [], None, Done("error", "no reply")
-        for ev in events:
+        def watch(_ev, _so_far) -> None:
             if self._client_gone():
                 cancel.set()
-            if isinstance(ev, TextDelta):
-                text.append(ev.text)
-            elif isinstance(ev, Stats):
-                stats = ev
-            elif isinstance(ev, Done):
-                done = ev
+
+        reply = consume(events, watch)
+        stats, done = reply.stats, reply.done or Done("error", "no reply")
         self.server.finished.append(_outcome(done))
         if done.reason == "cancelled":
             self.close_connection = True
             return
         if done.reason == "error":
             raise RuntimeError(done.detail)
-        content = "".join(text)
+        content = reply.text
         choice: dict[str, Any] = {"index": 0, "finish_reason": _finish_reason(done), "logprobs": None}
         if req.chat:
             choice["message"] = {"role": "assistant", "content": content}

@@ -71,8 +71,9 @@ class Engine:
     def load(cls, model_ref: str | None = None, *, quant: str = "awq", draft: str | None = None,
              progress: ProgressFn | None = None, device: str | None = None,
              context_window: int | None = None, group_size: int = 128, compile: bool | None = None,
-             kv_cache: str | None = None, threads: int | None = None) -> Engine:
-        """Resolve, (quantize on first use,) and load a model; `draft` is a second model ref."""
+             kv_cache: str | None = None, threads: int | None = None, native: bool = True) -> Engine:
+        """Resolve, (quantize on first use,) and load a model; `draft` is a second model ref.
+        `native=False` keeps the PyTorch path on the CPU (what `bench decode --path torch` measures)."""
         from ..models.loading import load_model
         from ..models.resolve import resolve
         from ..models.tokenizer import load_tokenizer
@@ -98,17 +99,17 @@ class Engine:
 
         configure_threads(threads)
         # On the CPU the native step: one call per pass, integer dot products, batch invariant.
-        native = prepare_for_device(model)
+        step = prepare_for_device(model, native=native)
         drafter: Drafter | None = None
         if draft:
             from .speculative import load_draft
 
             drafter = load_draft(draft, model, files, tokenizer, progress=progress, group_size=group_size,
-                                 native=native is not None)
+                                 native=step is not None)
         return cls(model, tokenizer, name=name, quantization=quantization,
                    context_window=context_window or int(os.environ.get("PARLEY_CONTEXT", 0)) or None,
                    draft=drafter, compile=compile if compile is not None else os.environ.get("PARLEY_COMPILE") == "1",
-                   kv_cache=kv_cache, native=native)
+                   kv_cache=kv_cache, native=step)
 
     def fresh(self, *, context_window: int | None = None, draft: Drafter | None = None) -> Engine:
         """An engine over the same weights (and native step) with a cache of its own, empty."""
