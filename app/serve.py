@@ -549,6 +549,7 @@ def usage(stats: Stats | None) -> dict[str, Any]:
             "acceptance_rate": round(stats.acceptance_rate, 4),
             "tokens_per_target_pass": round(stats.tokens_per_target_pass, 4), "drafter": stats.drafter,
             "tokens_per_s": round(stats.tokens_per_s, 2), "ttft_s": round(stats.ttft_s, 4),
+            "kv_cache": stats.kv_cache, "step": stats.step,
         },
     }
 
