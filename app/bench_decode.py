@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import subprocess
 import sys
 import time
@@ -68,8 +67,8 @@ def read_bandwidth_gbs(mb: int = 512, repeats: int = 5) -> float:
 def weight_bytes_per_token(engine) -> int:
     """Bytes of weights a decode step reads: every decoder and head weight, plus one embedding row."""
     model = engine.model
-    if model.native is not None:
-        return model.native.weight_bytes
+    if engine.native is not None:
+        return engine.native.weight_bytes
     total = 0
     seen: set[int] = set()
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
@@ -140,19 +139,13 @@ def prefill_rate(engine, prompt_ids: list[int], tokens: int, repeats: int) -> fl
 
 
 def load_engine(args: argparse.Namespace, quant: str, kv: str, path: str):
-    from ..engine.engine import Engine
+    if args.random:
+        from .bench_random import random_engine
 
-    if path == "torch":
-        os.environ["PARLEY_NATIVE"] = "0"  # read at attach time; restored below
-    try:
-        if args.random:
-            from .bench_random import random_engine
+        return random_engine(args.random, quant, args.device, kv_cache=kv, native=path != "torch")
+    from .engine_from_args import engine_from_args
 
-            return random_engine(args.random, quant, args.device, kv_cache=kv)
-        return Engine.load(args.model, quant=quant, device=args.device, kv_cache=None if kv == "auto" else kv,
-                           threads=args.threads)
-    finally:
-        os.environ.pop("PARLEY_NATIVE", None)
+    return engine_from_args(args, quant=quant, kv_cache=kv, native=path != "torch", draft=None, compile=None)
 
 
 def memory_at(args: argparse.Namespace, quant: str, kv: str, tokens: int) -> dict:
@@ -198,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
                 ids = engine.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
                 wbytes = weight_bytes_per_token(engine)
                 kv_pos = engine.target.cache.bytes_per_position()
-                r: dict = {"path": "native" if engine.model.native is not None else "torch",
+                r: dict = {"path": engine.step_kind,
                            "quantization": engine.quantization, "kv_cache": engine.kv_cache,
                            "load_s": round(load_s, 1), "weight_mb_per_token": round(wbytes / 1e6, 1),
                            "kv_cache_mb": round(kv_pos * engine.target.cache.max_len / 1e6, 1)}

@@ -188,7 +188,7 @@ TOPICS = ("tea", "rivers", "clocks", "bread", "maps", "owls", "glass", "chess", 
 def soak_check(engine, turns: int, say: Callable[[str], None]) -> dict[str, Any]:
     import gc
 
-    from ..engine.events import Done, TextDelta
+    from ..engine.events import consume
     from ..engine.params import GenerationParams
 
     params = GenerationParams(temperature=0, max_new_tokens=12, speculation="auto")
@@ -199,16 +199,12 @@ def soak_check(engine, turns: int, say: Callable[[str], None]) -> dict[str, Any]
     seconds, rss_warm = [], 0.0
     for turn in range(turns):
         messages.append({"role": "user", "content": f"Turn {turn}: one short sentence about {TOPICS[turn % 10]}."})
-        text, reason = [], "none"
         t0 = time.monotonic()
-        for ev in session.reply(messages, params, threading.Event()):
-            if isinstance(ev, TextDelta):
-                text.append(ev.text)
-            elif isinstance(ev, Done):
-                reason = ev.reason
+        reply = consume(session.reply(messages, params, threading.Event()))
+        reason = reply.done.reason if reply.done else "none"
         seconds.append(time.monotonic() - t0)
         done[reason] += 1
-        messages.append({"role": "assistant", "content": "".join(text)})
+        messages.append({"role": "assistant", "content": reply.text})
         if reason == "length":  # the window is full: drop the oldest exchange, as a person would
             del messages[:2]
         if turn + 1 == warmup:
@@ -227,17 +223,16 @@ def soak_check(engine, turns: int, say: Callable[[str], None]) -> dict[str, Any]
 
 def collect(engine, messages, params, cancel_after: int | None = None) -> tuple[str, str]:
     """(shown text, how the reply ended), cancelling once `cancel_after` text deltas have been shown."""
-    from ..engine.events import Done, TextDelta
+    from ..engine.events import consume
 
-    cancel, text, reason, n = threading.Event(), "", "none", 0
-    for ev in engine.session().reply(messages, params, cancel):
-        if isinstance(ev, TextDelta):
-            text, n = text + ev.text, n + 1
-            if cancel_after is not None and n >= cancel_after:
-                cancel.set()
-        elif isinstance(ev, Done):
-            reason = ev.reason
-    return text, reason
+    cancel = threading.Event()
+
+    def stop_after(_ev, so_far) -> None:
+        if cancel_after is not None and so_far.deltas >= cancel_after:
+            cancel.set()
+
+    reply = consume(engine.session().reply(messages, params, cancel), stop_after)
+    return reply.text, reply.done.reason if reply.done else "none"
 
 
 def cancel_check(engine, points: int, seed: int, say: Callable[[str], None]) -> dict[str, Any]:
@@ -253,8 +248,7 @@ def cancel_check(engine, points: int, seed: int, say: Callable[[str], None]) -> 
     texts = [p.read_text() for p in sorted((Path(__file__).resolve().parents[1] / "assets" / "heldout").glob("*.txt"))]
 
     def fresh() -> Engine:
-        return Engine(engine.model, engine.tokenizer, name=engine.model_name, quantization=engine.quantization,
-                      context_window=engine.context_window, kv_cache=engine.kv_cache)
+        return engine.fresh()
 
     rng = random.Random(seed)
     mismatches: list[tuple[int, int]] = []
@@ -286,7 +280,7 @@ INVALID = [("temperature", -1.0), ("temperature", 1e6), ("temperature", float("i
 
 
 def params_check(engine, trials: int, seed: int, say: Callable[[str], None]) -> dict[str, Any]:
-    from ..engine.events import Done, TextDelta
+    from ..engine.events import consume
     from ..engine.params import GenerationParams
 
     rng = random.Random(seed)
@@ -304,16 +298,16 @@ def params_check(engine, trials: int, seed: int, say: Callable[[str], None]) -> 
 
         setter = threading.Thread(target=disturb, daemon=True)
         setter.start()
-        seen, reason = 0, None
+        reason = None
+
+        def release_setter(_ev, so_far, after=after, first=first) -> None:
+            if so_far.deltas > after:
+                first.set()
+
         try:
-            for ev in engine.session().reply([{"role": "user", "content": "Count to twenty."}], params,
-                                             threading.Event()):
-                if isinstance(ev, TextDelta):
-                    seen += 1
-                    if seen > after:
-                        first.set()
-                elif isinstance(ev, Done):
-                    reason = ev.reason
+            reply = consume(engine.session().reply([{"role": "user", "content": "Count to twenty."}], params,
+                                                   threading.Event()), release_setter)
+            reason = reply.done.reason if reply.done else None
         except Exception as e:  # noqa: BLE001 (the figure: any exception out of reply() is a crash)
             crashes.append(f"{field}={value!r}: {type(e).__name__}: {e}")
         first.set()

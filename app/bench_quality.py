@@ -47,9 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_json_argument(parser)
 
 
-def perplexity(model, chunks, kv_cache: str = "fp") -> float:
+def perplexity(model, chunks, kv_cache: str = "fp", step=None) -> float:
     """exp(mean NLL) of the second half of every chunk [n, T], each run from an empty cache (every
-    position attends to the keys and values as that cache type stores them, as in decoding)."""
+    position attends to the keys and values as that cache type stores them, as in decoding). `step` runs
+    the passes (the engine's native step), else the model's own forward."""
     import torch
     import torch.nn.functional as F
 
@@ -59,7 +60,7 @@ def perplexity(model, chunks, kv_cache: str = "fp") -> float:
             t = row.numel()
             cache = model.new_cache(t, kind=kv_cache)
             cache.window = t
-            logits = model(row[None], torch.arange(t)[None], cache)[0]
+            logits = (step or model)(row[None], torch.arange(t)[None], cache)[0]
             half = t // 2
             # logits at position p predict token p + 1: score tokens half .. t-1
             nll += F.cross_entropy(logits[half - 1: t - 1].float(), row[half:], reduction="sum").item()
@@ -146,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     manifest = json.loads((awq_files.path / "manifest.json").read_text())
     results: dict[str, dict] = {}
     t0 = time.monotonic()
-    results["fp32"] = {"ppl": perplexity(fp.model, chunks), "seconds": time.monotonic() - t0}
+    results["fp32"] = {"ppl": perplexity(fp.model, chunks, step=fp.native), "seconds": time.monotonic() - t0}
     say(f"fp32        ppl {results['fp32']['ppl']:.3f}")
 
     rtn = copy.deepcopy(fp.model)
@@ -160,16 +161,17 @@ def run(args: argparse.Namespace) -> int:
     say(f"RTN  g{group:<4}  ppl {results['rtn_int4']['ppl']:.3f}")
 
     t0 = time.monotonic()
-    awq = Engine.load(str(awq_files.path), quant="none", device="cpu").model  # the folder as the engine runs it
+    awq_engine = Engine.load(str(awq_files.path), quant="none", device="cpu")  # the folder as the engine runs it
+    awq, awq_step = awq_engine.model, awq_engine.native
     load_s = time.monotonic() - t0
     head = "int8 (the engine's fast head)"
-    if reference:
-        awq.native = None  # the native step holds its own packed copy of the INT4 weights: run the modules
+    if reference:  # the modules, not the native step (it holds its own packed copy of the INT4 weights)
+        awq_step = None
         dequantized(awq)
         fp_head(awq, awq_files.path)
         head = "fp"
     t0 = time.monotonic()
-    results["awq_int4"] = {"ppl": perplexity(awq, chunks), "seconds": time.monotonic() - t0,
+    results["awq_int4"] = {"ppl": perplexity(awq, chunks, step=awq_step), "seconds": time.monotonic() - t0,
                            "group_size": manifest["settings"]["group_size_used"], "head": head,
                            "quantize_s": manifest["timing"]["quantize_s"], "cache_load_s": load_s,
                            "calibration": manifest["calibration"], "folder": str(awq_files.path)}
@@ -217,7 +219,7 @@ def kv_cache_quality(args: argparse.Namespace, fp, chunks, model_ref: str, text:
     results: dict[str, dict] = {}
     for kind in ["fp", *[k for k in kinds if k != "fp"]]:
         t0 = time.monotonic()
-        results[kind] = {"ppl": perplexity(fp.model, chunks, kind), "seconds": time.monotonic() - t0}
+        results[kind] = {"ppl": perplexity(fp.model, chunks, kind, step=fp.native), "seconds": time.monotonic() - t0}
         say(f"kv={kind:<5} ppl {results[kind]['ppl']:.4f}")
     for r in results.values():
         r["vs_fp"] = r["ppl"] / results["fp"]["ppl"] - 1
@@ -229,7 +231,7 @@ def kv_cache_quality(args: argparse.Namespace, fp, chunks, model_ref: str, text:
                      len(summaries["fp"]))
         r["summary_agreement"] = same / len(summaries["fp"])
         r["summary_same_prefix"] = first
-    path = "native" if fp.model.native is not None else "pytorch"
+    path = "native" if fp.native is not None else "pytorch"
     summary = {"bench": "quality", "mode": "kv_cache", "model": model_ref, "text": text, "chunk": args.chunk,
                "chunks": len(chunks), "scored_tokens": len(chunks) * (args.chunk - args.chunk // 2),
                "weights": "fp32", "path": path, "results": results}

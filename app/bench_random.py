@@ -8,15 +8,14 @@ RANDOM_SHAPES = {
 }
 
 
-def random_engine(shape: str, quant: str, device: str | None, kv_cache: str = "auto"):
+def random_engine(shape: str, quant: str, device: str | None, kv_cache: str = "auto", native: bool = True):
     """An engine over random weights of a named shape, with the embedded model's tokenizer. `awq` here is
     round-to-nearest INT4 of the random weights: the same layout, kernels and bytes as a real AWQ model."""
     import torch
 
-    from ..engine.engine import Engine, default_device, resolve_kv_cache
+    from ..engine.engine import Engine, default_device
     from ..models.config import ModelConfig
-    from ..models.native_step import attach
-    from ..models.quantize.head import FastHead
+    from ..models.device_prep import prepare_for_device
     from ..models.quantize.int4_linear import Int4Linear, decoder_linears
     from ..models.resolve import resolve
     from ..models.tokenizer import load_tokenizer
@@ -30,9 +29,6 @@ def random_engine(shape: str, quant: str, device: str | None, kv_cache: str = "a
     if quant == "awq":
         for parent, name, linear in decoder_linears(model):
             setattr(parent, name, Int4Linear.from_linear(linear, 128))
-    if dev.type == "cpu":
-        attach(model, head_bits=8 if quant == "awq" else 32)
-    if model.native is None and quant == "awq":
-        model.lm_head = FastHead(model.lm_head.weight)
+    step = prepare_for_device(model, native=native)
     return Engine(model, tokenizer, name=f"random-{shape}", quantization="rtn-int4" if quant == "awq" else "none",
-                  context_window=4096, kv_cache=resolve_kv_cache(None if kv_cache == "auto" else kv_cache, dev, model))
+                  context_window=4096, kv_cache=kv_cache, native=step)

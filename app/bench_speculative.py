@@ -42,7 +42,7 @@ def document() -> str:
 
 
 def one_reply(engine, messages: list[dict], speculation: str, new_tokens: int, draft_tokens: int) -> dict:
-    from ..engine.events import Done, Stats
+    from ..engine.events import consume
     from ..engine.params import GenerationParams
 
     engine.reset_cache()
@@ -50,12 +50,8 @@ def one_reply(engine, messages: list[dict], speculation: str, new_tokens: int, d
         engine.draft.reset()
     params = GenerationParams(temperature=0, max_new_tokens=new_tokens, speculation=speculation,
                               draft_tokens=draft_tokens)
-    stats = done = None
-    for ev in engine.session().reply(messages, params):
-        if isinstance(ev, Stats):
-            stats = ev
-        elif isinstance(ev, Done):
-            done = ev
+    reply = consume(engine.session().reply(messages, params))
+    stats, done = reply.stats, reply.done
     if done is None or done.reason == "error" or stats is None:
         raise RuntimeError(f"reply failed: {done}")
     return {"tok_s": round(stats.tokens_per_s, 2), "new_tokens": stats.new_tokens, "proposed": stats.proposed,
@@ -105,12 +101,12 @@ def _pass_cost(engine, context: list[int], repeats: int) -> dict[str, dict[str, 
             start = time.perf_counter()
             engine.forward(context[-1:] * t)  # written after the context, never committed
             best[t] = min(best[t], time.perf_counter() - start)
-            if model.native is None:  # the native step's head runs inside its one call: not separable
+            if engine.native is None:  # the native step's head runs inside its one call: not separable
                 start = time.perf_counter()
                 model.lm_head(x[:, :t])
                 head[t] = min(head[t], time.perf_counter() - start)
     out = {"pass_ms": {str(t): round(s * 1e3, 1) for t, s in best.items()}}
-    if model.native is None:
+    if engine.native is None:
         out["head_ms"] = {str(t): round(s * 1e3, 1) for t, s in head.items()}
     return out
 

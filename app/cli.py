@@ -53,12 +53,6 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="CPU threads (also PARLEY_THREADS); default: all cores, fewer while the machine is busy")
 
 
-def engine_options(args: argparse.Namespace) -> dict:
-    """The Engine.load keywords the model flags set."""
-    kv = getattr(args, "kv_cache", None)
-    return {"kv_cache": None if kv in (None, "auto") else kv, "threads": getattr(args, "threads", None)}
-
-
 # Sampling flags: (name, type, default, help). Defaults are applied by `params_from_args`, so the chat
 # app can tell a flag given on the command line (it wins) from one left out (the saved value is kept).
 SAMPLING_FLAGS = (
@@ -138,35 +132,28 @@ def read_prompt(args: argparse.Namespace, stdin=None) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from ..engine.engine import Engine
-    from ..engine.events import Done, Notice, Stats, TextDelta
+    from ..engine.events import Notice, TextDelta, consume
+    from .engine_from_args import engine_from_args
 
     params = params_from_args(args)
     prompt = read_prompt(args)
-    if getattr(args, "server", None):
-        engine = connect_remote(args)
-    else:
-        engine = Engine.load(args.model, quant=args.quant, draft=args.draft, device=args.device,
-                             progress=print_progress, compile=args.compile, **engine_options(args))
+    engine = engine_from_args(args)
     messages = [{"role": "user", "content": prompt}]
     session = engine.session(system_prompt=args.system)
-    stats, done, produced, last = None, None, False, ""
+
+    def show(ev, _reply) -> None:
+        if isinstance(ev, TextDelta):
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
+        elif isinstance(ev, Notice):
+            print(f"parley: {ev.text}", file=sys.stderr)
+
     try:
-        for ev in session.reply(messages, params, threading.Event()):
-            if isinstance(ev, TextDelta):
-                if ev.text:
-                    produced, last = True, ev.text
-                sys.stdout.write(ev.text)
-                sys.stdout.flush()
-            elif isinstance(ev, Stats):
-                stats = ev
-            elif isinstance(ev, Notice):
-                print(f"parley: {ev.text}", file=sys.stderr)
-            elif isinstance(ev, Done):
-                done = ev
+        reply = consume(session.reply(messages, params, threading.Event()), show)
     except KeyboardInterrupt:
         return 130
-    if produced and not last.endswith("\n"):
+    stats, done, produced = reply.stats, reply.done, bool(reply.text)
+    if produced and not reply.text.endswith("\n"):
         sys.stdout.write("\n")  # the output ends with a newline, before any --stats line
     sys.stdout.flush()
     if args.stats and stats is not None:

@@ -7,7 +7,6 @@ keeps what was shown and the engine stops at its next round.
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING
 
 from parley.app.streaming import ActiveReply
@@ -29,7 +28,6 @@ class ReplyController:
         self.app = app
         self.batch_interval = batch_interval
         self.active: ActiveReply | None = None
-        self._engine_lock = threading.Lock()  # one reply at a time, even while a cancelled one winds down
         self._timer = None
 
     def mount(self) -> None:
@@ -51,15 +49,15 @@ class ReplyController:
 
     def _run(self, session: SessionLike, messages: list[dict[str, str]], params: GenerationParams,
              reply: ActiveReply) -> None:
-        with self._engine_lock:
-            try:
-                for event in session.reply(messages, params, reply.cancel):
-                    reply.buffer.push(event)
-                    if isinstance(event, Done):
-                        return
-                reply.buffer.push(Done("eos"))
-            except Exception as error:  # reported in the UI; the reply keeps what was shown
-                reply.buffer.push(Done("error", f"{type(error).__name__}: {error}"))
+        # One reply at a time, even while a cancelled one winds down: the engine waits (SessionLike.reply).
+        try:
+            for event in session.reply(messages, params, reply.cancel):
+                reply.buffer.push(event)
+                if isinstance(event, Done):
+                    return
+            reply.buffer.push(Done("eos"))
+        except Exception as error:  # reported in the UI; the reply keeps what was shown
+            reply.buffer.push(Done("error", f"{type(error).__name__}: {error}"))
 
     async def drain(self) -> None:
         app, reply = self.app, self.active

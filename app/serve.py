@@ -25,7 +25,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from parley.engine.events import Done, Stats, TextDelta
+from parley.engine.events import Done, Stats, TextDelta, consume
 from parley.engine.params import SPECULATION_MODES, GenerationParams
 
 DEFAULT_PORT = 8000
@@ -54,14 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from parley.app import cli
-    from parley.engine.engine import Engine
+    from parley.app.engine_from_args import engine_from_args
 
     if args.queue_size < 0:
         raise ValueError(f"--queue-size {args.queue_size}: expected 0 or a positive integer")
     args.api_key = api_key(args)
-    engine = Engine.load(args.model, quant=args.quant, draft=args.draft, device=args.device,
-                         progress=cli.print_progress, compile=args.compile, **cli.engine_options(args))
+    engine = engine_from_args(args)
     try:
         server = make_server(engine, args.host, args.port, api_key=args.api_key, queue_size=args.queue_size)
     except OSError as e:
@@ -119,7 +117,12 @@ class RequestError(Exception):
 
 
 class EngineQueue:
-    """First come, first served turns at the one engine; at most `size` requests wait behind the running one."""
+    """First come, first served turns at the one engine; at most `size` requests wait behind the running one.
+
+    The engine itself runs one reply at a time (`Engine.turn`); this is kept beside it for what a lock cannot
+    give an HTTP server: arrival order, a bound on waiting requests (429 past it), and dropping a request
+    whose client left while it waited, before it ever reaches the engine.
+    """
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -358,21 +361,15 @@ class Handler(BaseHTTPRequestHandler):
     def _whole(self, req: CompletionRequest, events: Iterator, cancel: threading.Event) -> None:
         # No cancel on end-of-input here: a client that half-closed after its request still reads the answer
         # (the reply is bounded by max_tokens and the window); a streamed reply notices a gone client on write.
-        text, stats, done = [], None, Done("error", "no reply")
-        for ev in events:
-            if isinstance(ev, TextDelta):
-                text.append(ev.text)
-            elif isinstance(ev, Stats):
-                stats = ev
-            elif isinstance(ev, Done):
-                done = ev
+        reply = consume(events)
+        stats, done = reply.stats, reply.done or Done("error", "no reply")
         self.server.finished.append(_outcome(done))
         if done.reason == "cancelled":
             self.close_connection = True
             return
         if done.reason == "error":
             raise RuntimeError(done.detail)  # logged; the client gets a 500 without the internal text
-        content = "".join(text)
+        content = reply.text
         choice: dict[str, Any] = {"index": 0, "finish_reason": _finish_reason(done), "logprobs": None}
         if req.chat:
             choice["message"] = {"role": "assistant", "content": content}
@@ -677,6 +674,7 @@ def usage(stats: Stats | None) -> dict[str, Any]:
             "acceptance_rate": round(stats.acceptance_rate, 4),
             "tokens_per_target_pass": round(stats.tokens_per_target_pass, 4), "drafter": stats.drafter,
             "tokens_per_s": round(stats.tokens_per_s, 2), "ttft_s": round(stats.ttft_s, 4),
+            "kv_cache": stats.kv_cache, "step": stats.step,
         },
     }
 

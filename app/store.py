@@ -46,7 +46,11 @@ MIGRATIONS: list[str] = [
     "ALTER TABLE messages ADD COLUMN attachment TEXT;",
     # 3: small app settings (theme, ...)
     "CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
+    # 4: settings live in settings.json alone (app/settings.py: atomic, readable, kept when the database is
+    # damaged); `migrate` carries the rows of this table there first
+    "DROP TABLE settings;",
 ]
+SETTINGS_DROPPED = 4
 
 
 def data_dir() -> Path:
@@ -106,8 +110,22 @@ class Store:
         assert self._db is not None
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         for number in range(version + 1, len(MIGRATIONS) + 1):
+            if number == SETTINGS_DROPPED and version >= 3:
+                self._carry_settings()
             # executescript commits first, so BEGIN/COMMIT make migration and version bump one transaction
             self._db.executescript(f"BEGIN; {MIGRATIONS[number - 1]} PRAGMA user_version = {number}; COMMIT;")
+
+    def _carry_settings(self) -> None:
+        """The rows of the old settings table into settings.json (a value already there wins)."""
+        from .settings import Settings
+
+        assert self._db is not None
+        rows = self._db.execute("SELECT key, value FROM settings").fetchall()
+        if rows:
+            settings = Settings()
+            for key, value in rows:
+                settings.values.setdefault(key, value)
+            settings.save()
 
     def close(self) -> None:
         if self._db is not None:
@@ -193,20 +211,6 @@ class Store:
 
     def delete_message(self, message_id: int) -> None:
         self._write(lambda db: db.execute("DELETE FROM messages WHERE id = ?", (self._real(message_id),)))
-
-    # settings
-    def get_setting(self, key: str, default: str | None = None) -> str | None:
-        for w in reversed(self._pending):
-            if isinstance(w.record, Setting) and w.record.key == key:
-                return w.record.value
-        row = self._read(lambda db: db.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone(), None)
-        return row[0] if row else default
-
-    def set_setting(self, key: str, value: str) -> None:
-        self._write(lambda db: db.execute(
-            "INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            (key, value),
-        ), Setting(key, value))
 
     # export
     def export_markdown(self, conversation_id: int) -> str:
@@ -298,19 +302,13 @@ class Store:
         log.warning("%s", self.problem)
 
 
-@dataclass(frozen=True)
-class Setting:
-    key: str
-    value: str
-
-
 @dataclass
 class _Write:
     """A write waiting to be saved: `write(db)` returns the new row id, if it makes one."""
 
     write: Callable[[sqlite3.Connection], Any]
     provisional: int | None  # the negative id handed out for the row it makes
-    record: Any  # what reads show until it is saved: a Conversation, (conversation id, StoredMessage), a Setting
+    record: Any  # what reads show until it is saved: a Conversation, (conversation id, StoredMessage)
 
 
 def compose_user_content(text: str, attachment: str | None) -> str:

@@ -26,16 +26,12 @@ def build_app(args: argparse.Namespace):
 
     settings = Settings()
     params = cli.params_from_args(args, base=settings.params())
-    model, device = args.model, getattr(args, "device", None)
+    model = args.model
 
     def load(quant: str, progress):
-        from parley.engine.engine import Engine
+        from parley.app.engine_from_args import engine_from_args
 
-        if args.server:  # an OpenAI-compatible server instead of the in-process engine
-            return cli.connect_remote(args, progress)
-        kwargs = {"device": device} if device else {}
-        return Engine.load(model, quant=quant, draft=args.draft, progress=progress,
-                           compile=getattr(args, "compile", None), **cli.engine_options(args), **kwargs)
+        return engine_from_args(args, progress=progress, quant=quant)
 
     loader = QuantizeInBackground(load, "none" if args.server else args.quant)
     return ParleyApp(loader.load, upgrade_engine=loader.upgrade, model_ref=model, params=params,

@@ -9,11 +9,12 @@ not committed is rolled back for free, since the next forward overwrites it.
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from ..models.transformer import Transformer
+from ..models.transformer import KVCache, Transformer
 from .cuda_graphs import GraphedStep, graphs_enabled
 from .prefix import common_prefix
 from .threads import ThreadTuner
@@ -27,28 +28,59 @@ def attention_window(end: int, max_len: int) -> int:
     return min(max_len, -(-end // WINDOW_BUCKET) * WINDOW_BUCKET)
 
 
-class CachedModel:
-    """Owns a model's KV cache; `ids` are exactly the tokens whose keys/values it holds, in order."""
+class Step(Protocol):
+    """One forward pass over a cache: the model itself, its compiled form, or the native CPU step.
 
-    def __init__(self, model: Transformer, max_len: int, *, compile: bool = False, kv_cache: str = "fp") -> None:
+    tokens, positions [1, T] -> logits [1, T (1 with `last_only`), V] fp32, writing the T positions' K/V;
+    attention reads the first `window` slots (a step may read exactly up to each position instead).
+    """
+
+    def __call__(self, tokens: Tensor, positions: Tensor, cache: KVCache, last_only: bool = False,
+                 window: int | None = None) -> Tensor: ...
+
+
+class CachedModel:
+    """Owns a model's KV cache; `ids` are exactly the tokens whose keys/values it holds, in order.
+
+    It chooses the step a pass runs (`step_kind`): `native` (the CPU step `prepare_for_device` built,
+    for every pass), else `graphed` (CUDA graphs for decode and verification), `compiled`
+    (torch.compile of the decode step) or `torch` (the model's own forward).
+    """
+
+    def __init__(self, model: Transformer, max_len: int, *, compile: bool = False, kv_cache: str = "fp",
+                 native: Step | None = None) -> None:
         self.model = model.eval()
+        self.native = native
+        self.bulk: Step = native or model  # prefill: compute-bound and once per turn, never compiled
         # The decode/verify step (a few tokens) is where per-op Python overhead shows: compile it once,
-        # with dynamic shapes so any draft length and window reuse the same graph. Prefill stays eager:
-        # it is compute-bound and runs once per turn.
+        # with dynamic shapes so any draft length and window reuse the same graph.
         # (The native CPU step is one call already: nothing to compile.)
-        self.step = torch.compile(model, dynamic=True, fullgraph=True) if compile and model.native is None else model
+        if native is not None:
+            self.step: Step = native
+        else:
+            self.step = torch.compile(model, dynamic=True, fullgraph=True) if compile else model
         self.device = model.norm.weight.device
         self.cache = model.new_cache(max_len, kind=kv_cache)
         self.tuner: ThreadTuner | None = None  # set on the target: decode steps adapt the thread count
         # On CUDA, decode and verification passes (T <= 16) replay CUDA graphs: one launch per step
         # instead of ~1,300; a shape whose capture fails stays eager (`graphed.fallbacks` says why).
-        self.graphed = GraphedStep(self._graph_step, self.device, max_len) if graphs_enabled(self.device) else None
+        graphed = native is None and graphs_enabled(self.device)
+        self.graphed = GraphedStep(self._graph_step, self.device, max_len) if graphed else None
         self.ids: list[int] = []
         self._fed: list[int] = []  # the last forward's tokens, whose KV sits uncommitted after `ids`
 
     @property
     def max_len(self) -> int:
         return self.cache.max_len
+
+    @property
+    def step_kind(self) -> str:
+        """native | graphed | compiled | torch: what decode and verification passes run on."""
+        if self.native is not None:
+            return "native"
+        if self.graphed is not None:
+            return "graphed"
+        return "compiled" if self.step is not self.model else "torch"
 
     @torch.inference_mode()
     def forward(self, tokens: list[int], last_only: bool = False) -> Tensor:
@@ -60,7 +92,7 @@ class CachedModel:
             raise ValueError(f"{end} positions exceed the context window of {self.max_len}")
         ids = torch.tensor([tokens], device=self.device)
         pos = torch.arange(start, end, device=self.device)[None]
-        model = self.model if last_only else self.step
+        model = self.bulk if last_only else self.step
         window = attention_window(end, self.max_len)
         if self.graphed is not None and not last_only:
             logits = self.graphed(ids, pos, window=window)[0]

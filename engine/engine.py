@@ -3,29 +3,36 @@
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from ..models.progress import ProgressFn
-from ..models.transformer import Transformer
-from .cached_model import CachedModel
+from ..models.transformer import KV_CACHE_TYPES, Transformer
+from .cached_model import CachedModel, Step
 from .protocol import Capabilities
 from .session import Session
 from .speculative import Drafter, PromptLookup
 from .threads import shared_tuner
 
 
-def resolve_kv_cache(kind: str | None, device: torch.device, model: Transformer) -> str:
-    """The KV cache storage: the flag, else PARLEY_KV_CACHE, else the measured default for the device.
-
-    CPU (native step): int8 — see the README's KV cache table for the measurement behind it.
-    CUDA: bf16, the model's own dtype there.
-    """
-    kind = kind or os.environ.get("PARLEY_KV_CACHE") or "auto"
+def resolve_kv_cache(kind: str | None, native: bool) -> str:
+    """A KV cache choice as a storage type: `auto` (or None) is PARLEY_KV_CACHE, else this device's
+    measured default: int8 on the native CPU step (the README's KV cache table has the measurement behind
+    it), else the model's own dtype (bf16 on CUDA)."""
+    if kind in (None, "auto"):
+        kind = os.environ.get("PARLEY_KV_CACHE") or "auto"
+        where = "PARLEY_KV_CACHE"
+    else:
+        where = "--kv-cache"
     if kind == "auto":
-        kind = "int8" if model.native is not None else "fp"
+        return "int8" if native else "fp"
+    if kind not in KV_CACHE_TYPES:
+        raise ValueError(f"{where}={kind!r}: expected auto or one of {', '.join(KV_CACHE_TYPES)}")
     return kind
 
 
@@ -35,18 +42,27 @@ def default_device() -> torch.device:
 
 class Engine:
     """Holds the target (a `CachedModel`: every reply starts from the longest prefix of its cache that
-    the prompt shares) and the drafters, and runs one reply at a time."""
+    the prompt shares) and the drafters, and runs one reply at a time (`turn`).
+
+    Engine-level choices (the KV cache type) are made here, between replies; the live GenerationParams a
+    reply reads carry sampling only.
+    """
 
     def __init__(self, model: Transformer, tokenizer, *, name: str = "model", quantization: str = "none",
                  context_window: int | None = None, draft: Drafter | None = None, compile: bool = False,
-                 kv_cache: str = "fp") -> None:
+                 kv_cache: str | None = None, native: Step | None = None) -> None:
+        """`model` as `prepare_for_device` left it, with the native step it returned (if any)."""
         self.model = model.eval()
+        self.native = native
         self.tokenizer = tokenizer
         self.model_name = name
         self.quantization = quantization
         self.context_window = min(context_window or 8192, model.config.max_seq_len)
-        self.kv_cache = kv_cache
-        self.target = CachedModel(model, self.context_window, compile=compile, kv_cache=kv_cache)
+        self.kv_cache = resolve_kv_cache(kv_cache, native is not None)
+        self._kv_wanted = self.kv_cache  # set_kv_cache's choice, applied when no reply runs
+        self._turn = threading.Lock()
+        self.target = CachedModel(model, self.context_window, compile=compile, kv_cache=self.kv_cache,
+                                  native=native)
         self.prompt_lookup = PromptLookup()
         self.target.tuner = shared_tuner()
         self.draft = draft
@@ -55,8 +71,9 @@ class Engine:
     def load(cls, model_ref: str | None = None, *, quant: str = "awq", draft: str | None = None,
              progress: ProgressFn | None = None, device: str | None = None,
              context_window: int | None = None, group_size: int = 128, compile: bool | None = None,
-             kv_cache: str | None = None, threads: int | None = None) -> Engine:
-        """Resolve, (quantize on first use,) and load a model; `draft` is a second model ref."""
+             kv_cache: str | None = None, threads: int | None = None, native: bool = True) -> Engine:
+        """Resolve, (quantize on first use,) and load a model; `draft` is a second model ref.
+        `native=False` keeps the PyTorch path on the CPU (what `bench decode --path torch` measures)."""
         from ..models.loading import load_model
         from ..models.resolve import resolve
         from ..models.tokenizer import load_tokenizer
@@ -77,44 +94,61 @@ class Engine:
         model = load_model(files, dtype=dtype, device=dev)
         if quantization == "none" and model.config.quantization:
             quantization = f"{model.config.quantization.get('quant_method', 'quantized')}-int4"
+        from ..models.device_prep import prepare_for_device
         from .threads import configure_threads
 
         configure_threads(threads)
-        if dev.type == "cpu":
-            from ..models.native_step import attach
-
-            # The native step: one call per pass, integer dot products, batch invariant (why: its docstring).
-            attach(model, head_bits=8 if quantization != "none" else 32)
-        if model.native is not None:
-            pass
-        elif quantization != "none":
-            from ..models.quantize.head import FastHead
-
-            model.lm_head = FastHead(model.lm_head.weight)
-        elif dev.type == "cpu":
-            from ..models.transposed_linear import transpose_linears
-
-            transpose_linears(model)
+        # On the CPU the native step: one call per pass, integer dot products, batch invariant.
+        step = prepare_for_device(model, native=native)
         drafter: Drafter | None = None
         if draft:
             from .speculative import load_draft
 
-            drafter = load_draft(draft, model, files, tokenizer, progress=progress, group_size=group_size)
+            drafter = load_draft(draft, model, files, tokenizer, progress=progress, group_size=group_size,
+                                 native=step is not None)
         return cls(model, tokenizer, name=name, quantization=quantization,
                    context_window=context_window or int(os.environ.get("PARLEY_CONTEXT", 0)) or None,
                    draft=drafter, compile=compile if compile is not None else os.environ.get("PARLEY_COMPILE") == "1",
-                   kv_cache=resolve_kv_cache(kv_cache, dev, model))
+                   kv_cache=kv_cache, native=step)
+
+    def fresh(self, *, context_window: int | None = None, draft: Drafter | None = None) -> Engine:
+        """An engine over the same weights (and native step) with a cache of its own, empty."""
+        return Engine(self.model, self.tokenizer, name=self.model_name, quantization=self.quantization,
+                      context_window=context_window or self.context_window, draft=draft, kv_cache=self.kv_cache,
+                      native=self.native)
 
     @property
     def capabilities(self) -> Capabilities:
         return Capabilities()
 
-    def set_kv_cache(self, kind: str) -> None:
-        """Switch the target's KV cache storage (`auto`: this device's default); the context is re-read once."""
-        kind = resolve_kv_cache(kind, self.target.device, self.model)
-        if kind != self.kv_cache:
-            self.target.set_kv_cache(kind)
-            self.kv_cache = kind
+    @property
+    def step_kind(self) -> str:
+        """What the target's decode passes run on: native | graphed | compiled | torch."""
+        return self.target.step_kind
+
+    def set_kv_cache(self, kind: str | None) -> None:
+        """Store the target's KV cache as `kind` (`auto`: PARLEY_KV_CACHE, else this device's default) from
+        the next reply on; the context is re-read once. The one place the cache type is set: the flag and
+        the variable (at load) and the panel all come here. Safe mid-reply: applied when it ends."""
+        self._kv_wanted = resolve_kv_cache(kind, self.native is not None)
+        if self._turn.acquire(blocking=False):
+            try:
+                self._apply_choices()
+            finally:
+                self._turn.release()
+
+    def _apply_choices(self) -> None:
+        if self._kv_wanted != self.kv_cache:
+            self.target.set_kv_cache(self._kv_wanted)
+            self.kv_cache = self._kv_wanted
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        """Hold the engine for one reply: replies wait for the one in flight (a cancelled one winds down
+        at its next round), and choices made meanwhile apply before the next starts."""
+        with self._turn:
+            self._apply_choices()
+            yield
 
     def session(self, system_prompt: str | None = None) -> Session:
         return Session(self, system_prompt)

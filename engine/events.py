@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 
@@ -25,6 +26,8 @@ class Stats:
     context_tokens: int = 0  # tokens in the context after this reply
     context_window: int = 0
     drafter: str = ""  # "prompt lookup", the draft model's name, or "" when not speculating
+    kv_cache: str = ""  # the KV cache storage the reply ran on: fp | bf16 | int8 | k8v4
+    step: str = ""  # what the target's passes ran on: native | torch | compiled | graphed
 
     @property
     def acceptance_rate(self) -> float:
@@ -48,3 +51,34 @@ class Done:
 
 
 Event = TextDelta | Stats | Notice | Done
+
+
+@dataclass
+class Reply:
+    """What a reply's events add up to."""
+
+    text: str = ""
+    deltas: int = 0  # TextDelta events seen
+    stats: Stats | None = None  # the last figures (a reply's last Stats are its final ones)
+    notices: list[str] = field(default_factory=list)
+    done: Done | None = None
+
+
+def consume(events: Iterable[Event], on_event: Callable[[Event, Reply], None] | None = None) -> Reply:
+    """Run a reply's events to the end, adding them up; `on_event(event, so_far)` sees each one after it is
+    counted (to stream text, or to cancel once enough was shown). The one loop over events the headless
+    callers share: the CLI, the server's whole answers and the benches."""
+    reply = Reply()
+    for ev in events:
+        if isinstance(ev, TextDelta):
+            reply.text += ev.text
+            reply.deltas += 1
+        elif isinstance(ev, Stats):
+            reply.stats = ev
+        elif isinstance(ev, Notice):
+            reply.notices.append(ev.text)
+        elif isinstance(ev, Done):
+            reply.done = ev
+        if on_event is not None:
+            on_event(ev, reply)
+    return reply

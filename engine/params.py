@@ -6,6 +6,7 @@ import copy
 import math
 from dataclasses import dataclass
 
+# The KV cache type is the engine's (Engine.set_kv_cache, between replies), not a live parameter.
 KV_CACHE_CHOICES = ("auto", "fp", "bf16", "int8", "k8v4")
 SPECULATION_MODES = ("off", "prompt-lookup", "draft", "auto")
 
@@ -27,7 +28,6 @@ class GenerationParams:
     seed: int | None = None
     speculation: str = "auto"  # off | prompt-lookup | draft | auto
     draft_tokens: int = 8  # upper bound of the adaptive draft length
-    kv_cache: str = "auto"  # KV cache storage from the next reply on: auto | fp | bf16 | int8 | k8v4
 
     def problems(self) -> list[tuple[str, str]]:
         """(field, message) for every field out of range; empty when all are valid."""
@@ -45,7 +45,6 @@ class GenerationParams:
             ("seed", self.seed is None or _integer(self.seed, -2**63, 2**64 - 1), "none (random) or a 64-bit integer"),
             ("speculation", self.speculation in SPECULATION_MODES, "one of " + ", ".join(SPECULATION_MODES)),
             ("draft_tokens", _integer(self.draft_tokens, 1, 16), "an integer between 1 and 16"),
-            ("kv_cache", self.kv_cache in KV_CACHE_CHOICES, "one of " + ", ".join(KV_CACHE_CHOICES)),
         ]
         return [(name, f"{name}={getattr(self, name)!r} is out of range: expected {expected}")
                 for name, ok, expected in checks if not ok]

@@ -31,7 +31,9 @@ class SessionLike(Protocol):
 
     def reply(self, messages: list[dict[str, str]], params: GenerationParams,
               cancel: threading.Event | None = None) -> Iterator[Event]:
-        """Stream TextDelta / Stats / Notice events, ending with exactly one Done."""
+        """Stream TextDelta / Stats / Notice events, ending with exactly one Done. The backend runs one
+        reply at a time: a second call waits until the first has ended (a cancelled one winds down at its
+        next round), so callers need no lock of their own."""
         ...
 
 

@@ -110,6 +110,7 @@ class RemoteEngine:
         self._api_key = api_key  # kept only in memory, sent only as the Authorization header
         self.client = client or _client()
         self.warning = insecure_warning(self.url)  # told once, on the first reply
+        self.turn = threading.Lock()  # one reply at a time (SessionLike.reply), as the in-process engine
 
     def __repr__(self) -> str:  # never the key
         return f"RemoteEngine({self.url!r}, model={self.model_name!r}, kind={self.kind!r})"
@@ -207,15 +208,16 @@ class RemoteSession:
     def reply(self, messages: list[dict[str, str]], params: GenerationParams,
               cancel: threading.Event | None = None) -> Iterator[Event]:
         """Stream the answer; a live change of a sampling field restarts the request from the text so far."""
-        try:
-            yield from self._reply(messages, params, cancel or threading.Event())
-        except httpx.TimeoutException:
-            yield Done("error", f"{self.engine.url} sent nothing for {self.engine.client.timeout.read or 0:g} s: "
-                                "the server is stuck or overloaded; try again or restart it")
-        except httpx.HTTPError as e:
-            yield Done("error", f"lost {self.engine.url}: {type(e).__name__}: {e}")
-        except ValueError as e:
-            yield Done("error", str(e))
+        with self.engine.turn:
+            try:
+                yield from self._reply(messages, params, cancel or threading.Event())
+            except httpx.TimeoutException:
+                yield Done("error", f"{self.engine.url} sent nothing for {self.engine.client.timeout.read or 0:g} s: "
+                                    "the server is stuck or overloaded; try again or restart it")
+            except httpx.HTTPError as e:
+                yield Done("error", f"lost {self.engine.url}: {type(e).__name__}: {e}")
+            except ValueError as e:
+                yield Done("error", str(e))
 
     def _reply(self, messages: list[dict[str, str]], live: GenerationParams,
                cancel: threading.Event) -> Iterator[Event]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..models.chat_template import RenderCancelled
@@ -41,11 +42,12 @@ class Session:
         next tokens (an invalid one is reported by a Notice and the round keeps the last valid values).
         On cancellation the engine's cache holds exactly the prompt and the tokens already shown.
         """
-        try:
-            yield from self._reply(messages, params, cancel or threading.Event())
-        except Exception as e:  # the engine must stay usable after anything a reply hits
-            self.engine.reset_cache()
-            yield Done("error", f"{type(e).__name__}: {e}")
+        with self.engine.turn():  # one reply at a time: a second waits here for the first to end
+            try:
+                yield from self._reply(messages, params, cancel or threading.Event())
+            except Exception as e:  # the engine must stay usable after anything a reply hits
+                self.engine.reset_cache()
+                yield Done("error", f"{type(e).__name__}: {e}")
 
     def _reply(self, messages: list[dict[str, str]], live: GenerationParams,
                cancel: threading.Event) -> Iterator[Event]:
@@ -57,8 +59,6 @@ class Session:
         except ValueError as e:  # nothing valid to fall back on yet
             yield Done("error", str(e))
             return
-        if hasattr(eng, "set_kv_cache"):
-            eng.set_kv_cache(params.kv_cache)  # a change made in the panel applies from this reply
         try:  # rendering the chat template is bounded in time and stops when the reply is cancelled
             ids = yield from self._prompt(messages, params, cancel)
         except RenderCancelled:
@@ -129,7 +129,8 @@ class Session:
 
     def _stats(self, figures: ReplyStats, pending: bool) -> Stats:
         figures.context_tokens = len(self.engine.target.ids) + pending
-        return figures.stats()
+        # what the reply ran on, read from the engine itself (not from what was asked for)
+        return replace(figures.stats(), kv_cache=self.engine.kv_cache, step=self.engine.step_kind)
 
     def _prompt(self, messages: list[dict[str, str]], params: GenerationParams,
                 cancel: threading.Event | None = None) -> Iterator[Event]:

@@ -14,8 +14,9 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from ..models.device_prep import prepare_for_device
 from ..models.transformer import Transformer
-from .cached_model import CachedModel
+from .cached_model import CachedModel, Step
 from .params import GenerationParams
 from .sampling import probs, sample
 
@@ -137,7 +138,9 @@ class DraftModel:
     """
 
     def __init__(self, model: Transformer, tokenizer, target_tokenizer, *, min_confidence: float = 0.3,
-                 max_len: int | None = None, vocab_size: int | None = None, name: str = "draft model") -> None:
+                 max_len: int | None = None, vocab_size: int | None = None, name: str = "draft model",
+                 native: Step | None = None) -> None:
+        """`model` as `prepare_for_device` left it, with the native step it returned (if any)."""
         check_same_vocabulary(tokenizer, target_tokenizer)
         if model.config.vocab_size < tokenizer.vocab_size:
             raise VocabularyMismatch(f"the draft model has {model.config.vocab_size} output rows, fewer than its "
@@ -147,19 +150,21 @@ class DraftModel:
         self.min_confidence = min_confidence
         self.max_len = max_len or min(model.config.max_seq_len, 8192)
         self.vocab_size = vocab_size  # the target's logit width, when it differs from the draft's (padding)
+        self.native = native
         self._cached: CachedModel | None = None  # its cache is allocated on first use
 
     @property
     def cached(self) -> CachedModel:
         if self._cached is None:
-            self._cached = CachedModel(self.model, self.max_len)
+            self._cached = CachedModel(self.model, self.max_len, native=self.native)
         return self._cached
 
     @classmethod
-    def self_draft(cls, target: Transformer, n_layers: int, tokenizer, **kw) -> DraftModel:
+    def self_draft(cls, target: Transformer, n_layers: int, tokenizer, *, native: bool = True, **kw) -> DraftModel:
         """Layer-skip drafting: the target's first `n_layers` blocks, its final norm and head, sharing
-        the target's weights (nothing is copied). Works offline with any model; how well its guesses
-        match depends on how much the skipped layers change the argmax."""
+        the target's weights (nothing is copied; the native step packs its own copy). Works offline with
+        any model; how well its guesses match depends on how much the skipped layers change the argmax.
+        `native`: whether the target runs the native step (the draft then does too)."""
         if not 1 <= n_layers <= target.config.n_layers:
             raise ValueError(f"self-draft layers={n_layers}: the target has {target.config.n_layers} layers")
         with torch.device("meta"):  # a shell; every module is then replaced by the target's own
@@ -169,12 +174,9 @@ class DraftModel:
         shell.norm = target.norm
         shell.lm_head = target.lm_head
         shell.inv_freq = target.inv_freq
-        if target.native is not None:  # the draft runs on the native step too (its own packed copy)
-            from ..models.native_step import attach
-
-            attach(shell, head_bits=target.native.head_bits)
         kw.setdefault("name", f"self:{n_layers}")
-        return cls(shell, tokenizer, tokenizer, vocab_size=target.config.vocab_size, **kw)
+        return cls(shell, tokenizer, tokenizer, vocab_size=target.config.vocab_size,
+                   native=prepare_for_device(shell, native=native), **kw)
 
     def propose(self, context: list[int], k: int, params: GenerationParams,
                 generator: torch.Generator | None = None) -> tuple[list[int], Tensor | None]:
@@ -212,8 +214,9 @@ class DraftModel:
 
 
 def load_draft(spec: str, target: Transformer, target_files, tokenizer, *, progress=None,
-               group_size: int = 128) -> DraftModel:
-    """The draft model a `--draft` value names, for `target` loaded from `target_files`.
+               group_size: int = 128, native: bool = True) -> DraftModel:
+    """The draft model a `--draft` value names, for `target` loaded from `target_files`, prepared for
+    its device as the target is (`native`: whether the target runs the native step).
 
     'self' or 'self:N': the target's first N layers (default a quarter) and its head, sharing weights.
     'awq': the target's own INT4 (AWQ) weights, quantized into the Parley cache on first use.
@@ -229,7 +232,7 @@ def load_draft(spec: str, target: Transformer, target_files, tokenizer, *, progr
         if n and not n.isdigit():
             raise ValueError(f"--draft {spec!r}: expected self:N with N a number of layers")
         return DraftModel.self_draft(target, int(n) if n else max(1, target.config.n_layers // 4), tokenizer,
-                                     name=spec)
+                                     native=native, name=spec)
     if spec == "awq":
         from ..models.quantize.cache import ensure_quantized
 
@@ -239,7 +242,8 @@ def load_draft(spec: str, target: Transformer, target_files, tokenizer, *, progr
         files = resolve(spec, progress=progress)
         draft_tokenizer = load_tokenizer(files)
     model = load_model(files, dtype=weight.dtype, device=weight.device)
-    return DraftModel(model, draft_tokenizer, tokenizer, vocab_size=target.config.vocab_size, name=spec)
+    return DraftModel(model, draft_tokenizer, tokenizer, vocab_size=target.config.vocab_size, name=spec,
+                      native=prepare_for_device(model, native=native))
 
 
 class AdaptiveDraftLength:

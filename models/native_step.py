@@ -1,9 +1,10 @@
-"""The Transformer's forward as one native call on the CPU (kernels/cpu_step.cpp), attached to the model.
+"""The Transformer's forward as one native call on the CPU (kernels/cpu_step.cpp): a step `CachedModel` runs.
 
-`Transformer.forward` stays the definition; this computes the same function with the decoder weights
-repacked for integer dot products (INT4 layers) or read in place (fp32 layers), q/k/v and gate/up fused,
-and attention reading the KV cache in its stored form. Activations entering each INT4 or int8 product
-are quantized to 8 bits per block of 32, as llama.cpp does; `parley bench quality` measures the cost.
+`Transformer.forward` stays the definition (the model carries no trace of this step); this computes the
+same function with the decoder weights repacked for integer dot products (INT4 layers) or read in place
+(fp32 layers), q/k/v and gate/up fused, and attention reading the KV cache in its stored form. Activations
+entering each INT4 or int8 product are quantized to 8 bits per block of 32, as llama.cpp does; `parley
+bench quality` measures the cost.
 Every position is computed by the same arithmetic whatever the pass length, so logits are batch invariant.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import weakref
 
 import torch
 from torch import Tensor, nn
@@ -32,13 +34,40 @@ def _interleave16(a: Tensor, b: Tensor, dim: int) -> Tensor:
     return out.reshape(2 * n, *a.shape[1:]).movedim(0, dim)
 
 
+class NativeUnavailable(Exception):
+    """Why a model runs on the PyTorch path instead (no compiler, a shape the kernels do not take, ...)."""
+
+
 class NativeStep:
-    """Holds the packed weights (and keeps every tensor the library points at alive)."""
+    """The model's forward as one call: `step(tokens, positions, cache, last_only) -> logits`, the same
+    signature as `Transformer.forward` (the attention window is ignored: each row reads up to its position).
+
+    Holds the packed weights (and keeps every tensor the library points at alive).
+    """
+
+    kind = "native"
+
+    @classmethod
+    def for_model(cls, model: Transformer, head_bits: int = 8) -> NativeStep:
+        """The native step over `model`'s weights; NativeUnavailable says why it cannot be had."""
+        if os.environ.get("PARLEY_NATIVE", "1") == "0":
+            raise NativeUnavailable("PARLEY_NATIVE=0")
+        if model.norm.weight.device.type != "cpu" or model.norm.weight.dtype != torch.float32:
+            raise NativeUnavailable("the native step runs fp32 models on the CPU")
+        lib = native.load()
+        if lib is None:
+            raise NativeUnavailable(native.why_unavailable() or "the native library did not load")
+        try:
+            return cls(model, lib, head_bits)
+        except ValueError as e:
+            raise NativeUnavailable(str(e)) from None
 
     def __init__(self, model: Transformer, lib: ctypes.CDLL, head_bits: int = 8) -> None:
         c = model.config
         self.lib, self.config = lib, c
         self.keep: list[Tensor] = []
+        # Each KV cache's view for the library, built on a cache's first use and dropped with the cache.
+        self._caches: weakref.WeakKeyDictionary[KVCache, tuple] = weakref.WeakKeyDictionary()
         if c.intermediate_size % 16:
             raise ValueError(f"the native step needs intermediate_size % 16 == 0, not {c.intermediate_size}")
         if c.head_dim > 512 or c.n_heads % c.n_kv_heads or c.n_heads // c.n_kv_heads > 8:
@@ -77,10 +106,6 @@ class NativeStep:
                                c.vocab_size, c.norm_eps, self._ptr(model.embed_tokens.weight),
                                self._ptr(model.norm.weight), cos.data_ptr(), sin.data_ptr(), c.max_seq_len,
                                head, layers)
-
-    def __deepcopy__(self, memo: dict) -> None:
-        """A copied model gets no native step: this one points at the original's weights (re-`attach` the copy)."""
-        return None
 
     def _keep(self, t: Tensor) -> Tensor:
         self.keep.append(t)
@@ -121,7 +146,7 @@ class NativeStep:
         raise ValueError(f"the native step takes INT4 or fp32 nn.Linear layers, not {type(mods[0]).__name__}")
 
     def _cache(self, cache: KVCache) -> native.Cache:
-        if cache.native is None:
+        if cache not in self._caches:
             kvs = (native.KV * cache.n_layers)()
             for i in range(cache.n_layers):
                 def p(name: str, i: int = i) -> int | None:
@@ -130,10 +155,11 @@ class NativeStep:
                 kvs[i] = native.KV(p("k"), p("v"), p("ks"), p("vs"), p("vm"))
             if cache.kind == "fp" and cache.dtype != torch.float32:
                 raise ValueError("the native step reads fp32, bf16, int8 or k8v4 caches")
-            cache.native = (native.Cache(native.KV_KINDS[cache.kind], cache.max_len, kvs), kvs)
-        return cache.native[0]
+            self._caches[cache] = (native.Cache(native.KV_KINDS[cache.kind], cache.max_len, kvs), kvs)
+        return self._caches[cache][0]
 
-    def __call__(self, tokens: Tensor, positions: Tensor, cache: KVCache, last_only: bool = False) -> Tensor:
+    def __call__(self, tokens: Tensor, positions: Tensor, cache: KVCache, last_only: bool = False,
+                 window: int | None = None) -> Tensor:
         """tokens, positions [1, T] -> logits [1, T or 1, vocab] fp32; writes the T positions' K/V."""
         if tokens.shape[0] != 1:
             raise ValueError("the native step runs one sequence at a time")
@@ -149,19 +175,3 @@ class NativeStep:
             raise ValueError(f"positions {pos.tolist()[:4]}... exceed the cache ({cache.max_len} slots) "
                              f"or the model's {self.config.max_seq_len} positions")
         return out[None]
-
-
-def attach(model: Transformer, head_bits: int = 8) -> str | None:
-    """Attach the native step to a CPU model; returns None on success, else why it runs on PyTorch."""
-    if os.environ.get("PARLEY_NATIVE", "1") == "0":
-        return "PARLEY_NATIVE=0"
-    if model.norm.weight.device.type != "cpu" or model.norm.weight.dtype != torch.float32:
-        return "the native step runs fp32 models on the CPU"
-    lib = native.load()
-    if lib is None:
-        return native.why_unavailable()
-    try:
-        model.native = NativeStep(model, lib, head_bits)
-    except ValueError as e:
-        return str(e)
-    return None

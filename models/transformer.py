@@ -91,7 +91,6 @@ class KVCache(nn.Module):
         self.length = 0  # leading slots holding valid positions; kept by the caller, which knows them
         # How many slots attention reads; set by the caller per forward so shapes stay few (bucketed).
         self.window = max_len
-        self.native = None  # the native step's view of these buffers, built on first use
 
     def bytes_per_position(self) -> int:
         """Bytes one position occupies in all layers (what attention reads per cached token)."""
@@ -267,8 +266,6 @@ class Transformer(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", rope_frequencies(config), persistent=False)
-        # A CPU engine may attach the native step (models/native_step.py): the same function, one call.
-        self.native = None
 
     def new_cache(self, max_len: int | None = None, batch: int = 1, kind: str = "fp") -> KVCache:
         """A cache on the model's device for up to `max_len` positions, stored as `kind` (KV_CACHE_TYPES)."""
@@ -286,8 +283,6 @@ class Transformer(nn.Module):
         >= 1 + the largest position. A small window, rounded up to a bucket, reads fewer slots without a
         host sync inside the step; passed as an argument it stays symbolic under torch.compile.
         """
-        if self.native is not None:
-            return self.native(tokens, positions, cache, last_only)
         x = self.embed_tokens(tokens)
         angles = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
         angles = torch.cat((angles, angles), dim=-1)[:, None]  # [B, 1, T, D]

@@ -313,7 +313,7 @@ def sdpa_backends(run: Run) -> dict:
 def random_int4_model(run: Run):
     """A llama-shaped Transformer with random INT4 decoder weights (group 128) and a bf16 head."""
     from parley.models.config import ModelConfig
-    from parley.models.quantize.head import FastHead
+    from parley.models.device_prep import prepare_for_device
     from parley.models.quantize.int4_linear import Int4Linear, decoder_linears
     from parley.models.transformer import Transformer
 
@@ -328,7 +328,7 @@ def random_int4_model(run: Run):
                                                             torch.float16, run.device, seed=i)
         setattr(parent, name, int4)
         del linear
-    model.lm_head = FastHead(model.lm_head.weight.detach())
+    prepare_for_device(model, native=False)  # the int8 head over INT4 layers, as on CUDA (--dry too)
     if not run.dry:
         torch.cuda.empty_cache()
     return model

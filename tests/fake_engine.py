@@ -42,6 +42,10 @@ class FakeSession:
         self.system_prompt = system_prompt
 
     def reply(self, messages, params: GenerationParams, cancel: threading.Event | None = None):
+        with self.engine.turn:  # one reply at a time, as Engine.turn (the app relies on it)
+            yield from self._reply(messages, params, cancel)
+
+    def _reply(self, messages, params: GenerationParams, cancel: threading.Event | None = None):
         engine = self.engine
         call = ReplyCall(self.system_prompt, [dict(m) for m in messages])
         engine.calls.append(call)
@@ -126,6 +130,7 @@ class FakeEngine:
         self.holding = threading.Event()
         self.release = threading.Event()
         self.calls: list[ReplyCall] = []
+        self.turn = threading.Lock()
         self.sessions: list[FakeSession] = []
 
     def count_tokens(self, text: str) -> int:

@@ -34,8 +34,7 @@ def loaded(quant: str) -> Engine:
 def fresh(quant: str, context_window: int = 1024, draft=None) -> Engine:
     """An engine on the real model's weights with an empty cache."""
     eng = loaded(quant)
-    return Engine(eng.model, eng.tokenizer, name=eng.model_name, quantization=eng.quantization,
-                  context_window=context_window, draft=draft, kv_cache=eng.kv_cache)
+    return eng.fresh(context_window=context_window, draft=draft)
 
 
 def heldout(name: str) -> str:

@@ -15,7 +15,7 @@ import torch
 
 from parley.kernels import native
 from parley.models.config import ModelConfig
-from parley.models.native_step import attach
+from parley.models.native_step import NativeStep
 from parley.models.quantize.int4_linear import Int4Linear, decoder_linears
 from parley.models.transformer import KV_CACHE_TYPES, Transformer
 
@@ -40,15 +40,18 @@ def small_model(int4: bool, seed: int = 0, qkv_bias: bool = False) -> Transforme
     return model
 
 
-def logits_in_chunks(model: Transformer, ids: list[int], chunks: list[int], kind: str) -> torch.Tensor:
-    """Run `ids` through a fresh cache in passes of the given sizes; logits of every position."""
+def logits_in_chunks(model: Transformer, ids: list[int], chunks: list[int], kind: str,
+                     step=None) -> torch.Tensor:
+    """Run `ids` through a fresh cache in passes of the given sizes (on `step`, else the model's own
+    forward); logits of every position."""
     cache = model.new_cache(600, kind=kind)
+    step = step or model
     out, start = [], 0
     with torch.inference_mode():
         for n in chunks:
             t = torch.tensor([ids[start : start + n]])
             pos = torch.arange(start, start + n)[None]
-            out.append(model(t, pos, cache)[0])
+            out.append(step(t, pos, cache)[0])
             start += n
     return torch.cat(out)
 
@@ -59,14 +62,14 @@ def test_logits_do_not_depend_on_pass_lengths(kind: str, int4: bool) -> None:
     seed = 11 + int4
     rng = random.Random(seed)
     model = small_model(int4, seed)
-    assert attach(model, head_bits=8 if int4 else 32) is None
+    step = NativeStep.for_model(model, head_bits=8 if int4 else 32)
     ids = [rng.randrange(300) for _ in range(300)]  # crosses the 256-slot bucket edge
-    whole = logits_in_chunks(model, ids, [300], kind)
-    ones = logits_in_chunks(model, ids, [1] * 300, kind)
+    whole = logits_in_chunks(model, ids, [300], kind, step)
+    ones = logits_in_chunks(model, ids, [1] * 300, kind, step)
     sizes: list[int] = []
     while sum(sizes) < 300:
         sizes.append(min(rng.randint(1, 17), 300 - sum(sizes)))
-    mixed = logits_in_chunks(model, ids, sizes, kind)
+    mixed = logits_in_chunks(model, ids, sizes, kind, step)
     assert torch.equal(whole, ones), f"seed={seed}: 1-token passes differ from one 300-token pass"
     assert torch.equal(whole, mixed), f"seed={seed}: passes of {sizes} differ from one pass"
 
@@ -74,15 +77,15 @@ def test_logits_do_not_depend_on_pass_lengths(kind: str, int4: bool) -> None:
 def test_rollback_then_recompute_is_bitwise_the_same() -> None:
     """Rejected speculative positions are overwritten: recomputing after a rollback gives the same logits."""
     model = small_model(True, 5)
-    attach(model)
+    step = NativeStep.for_model(model)
     for kind in KV_CACHE_TYPES:
         cache = model.new_cache(600, kind=kind)
         with torch.inference_mode():
-            model(torch.tensor([list(range(40))]), torch.arange(40)[None], cache)
-            bad = model(torch.tensor([[7, 8, 9, 10]]), torch.arange(40, 44)[None], cache)  # "rejected"
+            step(torch.tensor([list(range(40))]), torch.arange(40)[None], cache)
+            bad = step(torch.tensor([[7, 8, 9, 10]]), torch.arange(40, 44)[None], cache)  # "rejected"
             cache.truncate(40)
-            good = model(torch.tensor([[11, 12]]), torch.arange(40, 42)[None], cache)[0]
-        fresh = logits_in_chunks(model, list(range(40)) + [11, 12], [42], kind)[-2:]
+            good = step(torch.tensor([[11, 12]]), torch.arange(40, 42)[None], cache)[0]
+        fresh = logits_in_chunks(model, list(range(40)) + [11, 12], [42], kind, step)[-2:]
         assert torch.equal(good, fresh), kind
         assert not torch.equal(bad[0, :2], good)
 
@@ -92,8 +95,8 @@ def test_fp32_native_step_equals_the_pytorch_forward(qkv_bias: bool) -> None:
     model = small_model(False, 3, qkv_bias)
     ids = list(range(1, 70))
     ref = logits_in_chunks(model, ids, [69], "fp")
-    assert attach(model, head_bits=32) is None
-    got = logits_in_chunks(model, ids, [30, 39], "fp")
+    step = NativeStep.for_model(model, head_bits=32)
+    got = logits_in_chunks(model, ids, [30, 39], "fp", step)
     assert (got - ref).abs().max().item() < 1e-4 * ref.abs().max().item()
 
 
@@ -102,8 +105,8 @@ def test_int4_native_step_is_close_to_the_pytorch_forward() -> None:
     model = small_model(True, 4)
     ids = list(range(1, 70))
     ref = logits_in_chunks(model, ids, [69], "fp")
-    attach(model, head_bits=8)
-    got = logits_in_chunks(model, ids, [69], "fp")
+    step = NativeStep.for_model(model, head_bits=8)
+    got = logits_in_chunks(model, ids, [69], "fp", step)
     rel = ((got - ref).norm() / ref.norm()).item()
     assert rel < 0.05, rel
 
@@ -117,10 +120,10 @@ def test_quantized_caches_hold_what_the_pytorch_path_would_store(kind: str) -> N
     ref_cache = model.new_cache(600, kind=kind)
     with torch.inference_mode():
         ref = model(torch.tensor([ids]), torch.arange(49)[None], ref_cache)[0]
-    attach(model, head_bits=32)
+    step = NativeStep.for_model(model, head_bits=32)
     cache = model.new_cache(600, kind=kind)
     with torch.inference_mode():
-        got = model(torch.tensor([ids]), torch.arange(49)[None], cache)[0]
+        got = step(torch.tensor([ids]), torch.arange(49)[None], cache)[0]
     k_ref, k = ref_cache.k[..., :49, :], cache.k[..., :49, :]
     v_ref, v = ref_cache.v[..., :49, :], cache.v[..., :49, :]
     step = {"bf16": 0.01, "int8": 0.02, "k8v4": 0.15}[kind]  # a storage step of these magnitudes, and some
@@ -138,8 +141,8 @@ def test_attention_over_many_key_blocks_matches_the_pytorch_path(kind: str) -> N
     rng = random.Random(8)
     ids = [rng.randrange(300) for _ in range(590)]
     ref = logits_in_chunks(model, ids, [590], kind)
-    assert attach(model, head_bits=32) is None
-    got = logits_in_chunks(model, ids, [500, 90], kind)
+    step = NativeStep.for_model(model, head_bits=32)
+    got = logits_in_chunks(model, ids, [500, 90], kind, step)
     tol = {"fp": 1e-5, "bf16": 1e-3}.get(kind, 2e-3)
     for lo, hi in [(0, 256), (256, 512), (512, 590)]:
         err = ((got[lo:hi] - ref[lo:hi]).norm() / ref[lo:hi].norm()).item()
@@ -153,14 +156,15 @@ def test_logits_do_not_depend_on_the_thread_count(kind: str) -> None:
     rng = random.Random(21)
     ids = [rng.randrange(300) for _ in range(300)]
     model = small_model(True, 21)
-    attach(model, head_bits=8)
+    step = NativeStep.for_model(model, head_bits=8)
     lib = native.load()
     before = lib.parley_threads(-1)  # the count in force (-1 only asks)
     try:
         runs = {}
         for n in (1, 2, 3):
             lib.parley_threads(n)
-            runs[n] = logits_in_chunks(model, ids, [300], kind), logits_in_chunks(model, ids, [280, 1, 19], kind)
+            runs[n] = (logits_in_chunks(model, ids, [300], kind, step),
+                       logits_in_chunks(model, ids, [280, 1, 19], kind, step))
     finally:
         lib.parley_threads(before)
     for n in (2, 3):

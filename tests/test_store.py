@@ -25,8 +25,6 @@ def test_old_database_is_upgraded_in_place(tmp_path):
     [conv] = store.conversations()
     assert conv.title == "old"
     assert store.messages(conv.id)[0].attachment is None
-    store.set_setting("theme", "nord")
-    assert Store(path).get_setting("theme") == "nord"
 
 
 def test_data_dir_override(monkeypatch, tmp_path):

@@ -25,10 +25,9 @@ def test_locked_database_keeps_messages_in_memory_and_saves_them_later(tmp_path)
     new = store.create_conversation("while locked")
     mid = store.add_message(new.id, "user", "typed while locked")
     store.add_message(cid, "user", "more")
-    store.set_setting("theme", "nord")
+    store.rename(cid, "renamed while locked")
     assert store.problem is not None and str(path) in store.problem and "locked" in store.problem
     assert new.id < 0 and mid < 0 and store.unsaved == 4
-    assert store.get_setting("theme") == "nord"  # reads see what waits in memory
     assert [m.content for m in store.messages(new.id)] == ["typed while locked"]
     assert store.conversation(new.id).title == "while locked"
     assert not store.retry()
@@ -38,10 +37,9 @@ def test_locked_database_keeps_messages_in_memory_and_saves_them_later(tmp_path)
     assert store.retry() and store.problem is None and store.unsaved == 0
     again = Store(path)  # what is on disk
     titles = {c.title: c.id for c in again.conversations()}
-    assert set(titles) == {"kept", "while locked"}
+    assert set(titles) == {"renamed while locked", "while locked"}
     assert [m.content for m in again.messages(titles["while locked"])] == ["typed while locked"]
     assert [m.content for m in again.messages(cid)] == ["hi", "hello", "more"]
-    assert again.get_setting("theme") == "nord"
     # the provisional ids the app holds still work
     store.delete_message(mid)
     assert again.messages(titles["while locked"]) == []
@@ -83,7 +81,7 @@ def test_corrupt_database_at_start_up(tmp_path):
     path.write_bytes(b"this is not a database" * 200)
     store = Store(path)
     assert "damaged" in store.problem and str(path) in store.problem
-    assert store.conversations() == [] and store.get_setting("theme", "dark") == "dark"
+    assert store.conversations() == []
     conv = store.create_conversation("t")
     store.add_message(conv.id, "user", "still chatting")
     assert [m.content for m in store.messages(conv.id)] == ["still chatting"]

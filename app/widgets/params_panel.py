@@ -87,7 +87,7 @@ class ParamsPanel(VerticalScroll):
         yield Select([(SPECULATION_LABELS[m], m) for m in SPECULATION_MODES], value=self.params.speculation,
                      allow_blank=False, id="speculation", compact=True)
         yield Label("KV cache (next reply)", classes="param--label")
-        yield Select([(k, k) for k in KV_CACHE_CHOICES], value=self.params.kv_cache, allow_blank=False,
+        yield Select([(k, k) for k in KV_CACHE_CHOICES], value="auto", allow_blank=False,
                      id="kv-cache", compact=True)
         yield Label("Seed", classes="param--label")
         yield Input("" if self.params.seed is None else str(self.params.seed), placeholder="random",
@@ -140,7 +140,6 @@ class ParamsPanel(VerticalScroll):
             self.query_one(f"#slider-{spec.attr}", Slider).value = value
             self.query_one(f"#label-{spec.attr}", Label).update(self._label_text(spec, value))
         self.query_one("#speculation", Select).value = self.params.speculation
-        self.query_one("#kv-cache", Select).value = self.params.kv_cache
         self.query_one("#seed", Input).value = "" if self.params.seed is None else str(self.params.seed)
         self.query_one("#max-tokens", Input).value = str(self.params.max_new_tokens)
 
@@ -153,8 +152,9 @@ class ParamsPanel(VerticalScroll):
     def on_select_changed(self, event: Select.Changed) -> None:
         event.stop()
         if event.select.id == "kv-cache":
-            if event.value in KV_CACHE_CHOICES:
-                self._apply("kv_cache", event.value)
+            engine = getattr(self.app, "engine", None)
+            if self._ready and event.value in KV_CACHE_CHOICES and hasattr(engine, "set_kv_cache"):
+                engine.set_kv_cache(event.value)  # the engine's choice, not a live parameter: from the next reply
         elif event.value in SPECULATION_MODES:
             self._apply("speculation", event.value)
 

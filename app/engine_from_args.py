@@ -1,0 +1,33 @@
+"""Command-line flags -> an engine: the one path `generate`, `chat`, `serve` and `bench decode` load through.
+
+The model flags (`cli.add_model_arguments`) and `--server` (`cli.add_remote_arguments`) are read here and
+nowhere else, so a flag added there reaches every command that loads a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def engine_from_args(args: argparse.Namespace, *, progress=None, **overrides: Any):
+    """The engine the flags name: the remote backend with `--server`, else `Engine.load` with the model
+    flags (`overrides` replace single keywords, e.g. `quant=` for the first run's unquantized start)."""
+    from . import cli
+
+    progress = progress or cli.print_progress
+    if getattr(args, "server", None):  # an OpenAI-compatible server instead of the in-process engine
+        return cli.connect_remote(args, progress)
+    from ..engine.engine import Engine
+
+    options: dict[str, Any] = {
+        "quant": getattr(args, "quant", "awq"),
+        "draft": getattr(args, "draft", None),
+        "device": getattr(args, "device", None) or None,
+        "compile": getattr(args, "compile", None),
+        "kv_cache": getattr(args, "kv_cache", None),  # auto / None: PARLEY_KV_CACHE, else the device's default
+        "threads": getattr(args, "threads", None),
+        "progress": progress,
+    }
+    options.update(overrides)
+    return Engine.load(getattr(args, "model", None), **options)

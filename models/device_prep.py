@@ -1,0 +1,48 @@
+"""Prepare a loaded model for the device it runs on: the one place that decides a model's fast path.
+
+The target, every kind of draft model and the benches call `prepare_for_device`, so a model decodes the
+same way whichever of them loaded it. On the CPU that is the native step (one call per pass); where the
+native step cannot run, the PyTorch path gets the int8 head over INT4 models (FastHead) and, for fp32
+models on the CPU, linears stored [in, out] (TransposedLinear). The model definition is never changed
+for the native step: it is returned, and `CachedModel` runs it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from torch import nn
+
+from .native_step import NativeStep, NativeUnavailable
+from .quantize.int4_linear import Int4Linear
+from .transformer import Transformer
+
+log = logging.getLogger(__name__)
+
+
+def is_int4(model: nn.Module) -> bool:
+    return any(isinstance(m, Int4Linear) for m in model.modules())
+
+
+def prepare_for_device(model: Transformer, *, native: bool = True) -> NativeStep | None:
+    """Make `model` fast on its device; returns the native step when it runs on one (else None).
+
+    Idempotent: a model sharing already prepared modules (a self-draft's layers) is left as it is.
+    `native=False` keeps the PyTorch path (e.g. a bench that must run the modules themselves).
+    """
+    weight = model.norm.weight
+    int4 = is_int4(model)
+    if native and weight.device.type == "cpu":
+        try:
+            return NativeStep.for_model(model, head_bits=8 if int4 else 32)
+        except NativeUnavailable as e:
+            log.info("the native CPU step is off for this model (%s): the PyTorch path runs", e)
+    if int4 and type(model.lm_head) is nn.Linear:
+        from .quantize.head import FastHead
+
+        model.lm_head = FastHead(model.lm_head.weight)
+    elif not int4 and weight.device.type == "cpu":
+        from .transposed_linear import transpose_linears
+
+        transpose_linears(model)
+    return None
