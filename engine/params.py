@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 KV_CACHE_CHOICES = ("auto", "fp", "bf16", "int8", "k8v4")
-SPECULATION_MODES = ("off", "prompt-lookup", "draft", "auto")
+SPECULATION_MODES = ("off", "prompt-lookup", "suffix", "draft", "auto")
 
 
 @dataclass
@@ -25,7 +25,7 @@ class GenerationParams:
     presence_penalty: float = 0.0
     max_new_tokens: int = 512
     seed: int | None = None
-    speculation: str = "auto"  # off | prompt-lookup | draft | auto
+    speculation: str = "auto"  # off | prompt-lookup | suffix | draft | auto
     draft_tokens: int = 8  # upper bound of the adaptive draft length
     kv_cache: str = "auto"  # KV cache storage from the next reply on: auto | fp | bf16 | int8 | k8v4
 
