@@ -1,8 +1,11 @@
-"""Speculative decoding at temperature 0: plain vs prompt lookup vs a draft model, in one run.
+"""Speculative decoding at temperature 0: plain vs prompt lookup vs suffix match vs auto vs a draft
+model, in one run, with llama.cpp's `llama-lookup` on the same prompts when its build is present.
 
 Scenarios: (a) summarising a ~1,900-token pasted document (assets/speculative/document.md), where
-lookup can copy names and phrases; (b) free chat, where it mostly cannot and must cost ~nothing;
-(c) a draft model (default: a self-draft, the target's first layers and head). Every figure comes
+lookup can copy names and phrases; (a2) the same over a public text the project never tuned on (the
+Apache-2.0 licence Debian ships, by default); (b) free chat, where drafting mostly cannot land and
+must cost ~nothing; a draft model (default: none; e.g. a self-draft, the target's first layers and
+head) runs in each when asked for. Every figure comes
 from `Session.reply` (the real loop and its `Stats`); runs of a scenario are interleaved and each
 starts from an empty cache, so all see the same machine load and the same prefill. The per-pass cost
 of the target against the number of tokens it verifies is printed too: it is what speculation trades.
@@ -11,22 +14,36 @@ of the target against the number of tokens it verifies is printed too: it is wha
 from __future__ import annotations
 
 import argparse
+import re
+import subprocess
+import tempfile
 import time
 from importlib import resources
+from pathlib import Path
 
 from .bench_harness import add_json_argument, emit, median_run
 
 CHAT_PROMPT = "Give me three tips for keeping a sourdough starter healthy, with a sentence on why each works."
 SUMMARY_PROMPT = "Write a detailed summary of the following document, section by section.\n\n"
+PUBLIC_DOCUMENT = "/usr/share/common-licenses/Apache-2.0"
+PUBLIC_PROMPT = ("What does this licence let me do with the software, and what do I have to do in return? "
+                 "Go through it section by section.\n\n")
+MODES = {"plain": "off", "prompt_lookup": "prompt-lookup", "suffix": "suffix", "auto": "auto"}
+PEERS = Path.home() / ".cache" / "parley-peers"
 PASS_TOKENS = (1, 2, 3, 5, 9, 17)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model ref (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--quant", choices=("none", "awq"), default="none", help="target weights: none (fp32) or awq")
-    p.add_argument("--draft", default="self:15,awq",
-                   help="comma-separated drafts for (c): 'self:N' (the target's first N layers), 'awq' (the "
-                        "target's INT4 weights, quantized on first use), a model ref; 'none' to skip")
+    p.add_argument("--draft", default="none",
+                   help="comma-separated draft models to run too: 'self:N' (the target's first N layers), 'awq' "
+                        "(the target's INT4 weights, quantized on first use), a model ref; 'none' to skip")
+    p.add_argument("--public-document", default=PUBLIC_DOCUMENT,
+                   help="a text file the project did not write, for (a2); 'none' to skip")
+    p.add_argument("--peer", default=str(PEERS),
+                   help="llama.cpp peers folder (llama.cpp/build/bin/llama-lookup, smol-Q4_0.gguf): its lookup "
+                        "decoding runs on the same prompts when present; 'none' to skip")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--draft-tokens", type=int, default=16, help="upper bound of the adaptive draft length (1..16)")
     p.add_argument("--repeats", type=int, default=1, help="interleaved runs per configuration (median)")
@@ -56,13 +73,14 @@ def one_reply(engine, messages: list[dict], speculation: str, new_tokens: int, d
         raise RuntimeError(f"reply failed: {done}")
     return {"tok_s": round(stats.tokens_per_s, 2), "new_tokens": stats.new_tokens, "proposed": stats.proposed,
             "accepted": stats.accepted, "acceptance": round(stats.acceptance_rate, 3),
-            "tokens_per_pass": round(stats.tokens_per_target_pass, 2), "ttft_s": round(stats.ttft_s, 2)}
+            "tokens_per_pass": round(stats.tokens_per_target_pass, 2), "ttft_s": round(stats.ttft_s, 2),
+            "drafter": stats.drafter, "note": stats.speculation_note}
 
 
 def scenario(engine, messages: list[dict], drafts: dict, args: argparse.Namespace) -> dict:
-    """Interleaved runs: plain, prompt lookup, then each draft model; the median run (by tok/s) of each
-    is reported, with its ratio to plain."""
-    configs = {"plain": ("off", None), "prompt_lookup": ("prompt-lookup", None),
+    """Interleaved runs: plain, prompt lookup, suffix match, auto, then each draft model; the median run
+    (by tok/s) of each is reported, with its ratio to plain."""
+    configs = {**{name: (mode, None) for name, mode in MODES.items()},
                **{f"draft {spec}": ("draft", d) for spec, d in drafts.items()}}
     runs: dict[str, list[dict]] = {name: [] for name in configs}
     for _ in range(args.repeats):
@@ -127,18 +145,24 @@ def run(args: argparse.Namespace) -> int:
     for spec in [d.strip() for d in (args.draft or "").split(",") if d.strip() and d.strip() != "none"]:
         drafts[spec] = load_draft(spec, engine.model, resolve(args.model), engine.tokenizer)
     doc = document()
-    summarise = [{"role": "user", "content": SUMMARY_PROMPT + doc}]
-    chat = [{"role": "user", "content": CHAT_PROMPT}]
+    cases = {"summarise": [{"role": "user", "content": SUMMARY_PROMPT + doc}]}
+    if args.public_document != "none":
+        cases["summarise_public"] = [{"role": "user", "content": PUBLIC_PROMPT + public_document(args.public_document)}]
+    cases["free_chat"] = [{"role": "user", "content": CHAT_PROMPT}]
     results: dict = {
         "model": engine.model_name, "quantization": engine.quantization, "drafts": list(drafts),
         "threads": torch.get_num_threads(), "new_tokens": args.new_tokens, "draft_tokens": args.draft_tokens,
         "document_tokens": engine.count_tokens(doc),
-        "prompt_tokens": {"summarise": len(engine.tokenizer.encode_chat(summarise)),
-                          "free_chat": len(engine.tokenizer.encode_chat(chat))},
+        "public_document": args.public_document if "summarise_public" in cases else None,
+        "prompt_tokens": {key: len(engine.tokenizer.encode_chat(m)) for key, m in cases.items()},
     }
-    for key, messages in (("summarise", summarise), ("free_chat", chat)):
+    peer = find_peer(args.peer)
+    for key, messages in cases.items():
         results[key] = scenario(engine, messages, drafts, args)
-    results["target_cost_by_tokens"] = pass_cost(engine, engine.tokenizer.encode_chat(summarise))
+        if peer:
+            results[key].update(llama_lookup(peer, engine.tokenizer.render_chat(messages),
+                                             results["prompt_tokens"][key], args))
+    results["target_cost_by_tokens"] = pass_cost(engine, engine.tokenizer.encode_chat(cases["summarise"]))
     return emit(results, args.json, lambda results: lines(results, args))
 
 
@@ -146,14 +170,22 @@ def lines(results: dict, args: argparse.Namespace) -> list[str]:
     out = [f"model: {results['model']} ({results['quantization']})  threads: {results['threads']}  "
            f"temperature 0, {args.new_tokens} new tokens, draft length <= {args.draft_tokens}, "
            f"median of {args.repeats}"]
-    for key, title in (("summarise", f"(a) summarise a {results['document_tokens']}-token pasted document"),
-                       ("free_chat", "(b) free chat")):
-        out.append(title)
+    titles = {"summarise": f"(a) summarise a {results['document_tokens']}-token pasted document",
+              "summarise_public": f"(a2) summarise {results['public_document']} (a text the project did not write)",
+              "free_chat": "(b) free chat"}
+    for key, title in titles.items():
+        if key not in results:
+            continue
+        out.append(f"{title}: {results['prompt_tokens'][key]} prompt tokens")
         for mode, r in results[key].items():
+            if "error" in r:
+                out.append(f"  {mode:<16} {r['error']}")
+                continue
             vs = f"  {r['vs_plain']:.2f}x plain" if "vs_plain" in r else ""
+            note = f"  [{r['note']}]" if r.get("note") else ""
             out.append(f"  {mode:<16} {r['tok_s']:6.2f} tok/s{vs:<14}  accepted {r['accepted']}/{r['proposed']} "
                        f"({r['acceptance']:.0%})  {r['tokens_per_pass']:.2f} tokens/pass  "
-                       f"{r['new_tokens']} tokens  ttft {r['ttft_s']:.1f}s")
+                       f"{r['new_tokens']} tokens  ttft {r['ttft_s']:.1f}s{note}")
     cost = results["target_cost_by_tokens"]
     one = cost["pass_ms"]["1"]
     out.append("target pass over T tokens at the document's depth: " + "  ".join(
@@ -162,3 +194,51 @@ def lines(results: dict, args: argparse.Namespace) -> list[str]:
         out.append("  of which the output projection: " + "  ".join(
             f"T={t}: {ms:.1f} ms" for t, ms in cost["head_ms"].items()))
     return out
+
+
+def public_document(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SystemExit(f"--public-document {path}: cannot read it as UTF-8 text ({e}); give another text file "
+                         "or 'none' to skip that case") from None
+
+
+def find_peer(folder: str) -> tuple[Path, Path] | None:
+    """llama.cpp's llama-lookup and llama-bench folder and its Q4_0 model, when built (peers/llama_cpp.sh)."""
+    if folder == "none":
+        return None
+    bin_dir, model = Path(folder) / "llama.cpp" / "build" / "bin", Path(folder) / "smol-Q4_0.gguf"
+    ok = (bin_dir / "llama-lookup").exists() and (bin_dir / "llama-bench").exists() and model.exists()
+    return (bin_dir, model) if ok else None
+
+
+def llama_lookup(peer: tuple[Path, Path], prompt: str, depth: int, args: argparse.Namespace) -> dict:
+    """llama.cpp on the same rendered prompt: `llama-lookup` (n-gram lookup decoding, temperature 0) and
+    its plain decode at the prompt's depth (`llama-bench -d`), as rows beside Parley's."""
+    bin_dir, model = peer
+    threads = str(args.threads or __import__("torch").get_num_threads())
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
+        f.write(prompt)
+        f.flush()
+        run = subprocess.run([str(bin_dir / "llama-lookup"), "-m", str(model), "-f", f.name, "-n", str(args.new_tokens),
+                              "--temp", "0", "-t", threads, "-c", str(depth + args.new_tokens + 64),
+                              "--draft-max", str(args.draft_tokens), *(["--ignore-eos"] if args.ignore_eos else [])],
+                             capture_output=True, text=True, timeout=600)
+    log = run.stdout + run.stderr
+    figures = {k: re.search(rf"{k}\s*=\s*([\d.]+)", log) for k in ("n_predict", "n_drafted", "n_accept")}
+    speed = re.search(r"decoded\s+\d+\s+tokens in\s+[\d.]+\s+s, speed:\s+([\d.]+)", log)
+    if run.returncode or speed is None or not all(figures.values()):
+        return {"llama.cpp lookup": {"error": f"llama-lookup rc={run.returncode}: {log.strip()[-300:]}"}}
+    n, drafted, accepted = (int(float(figures[k].group(1))) for k in ("n_predict", "n_drafted", "n_accept"))
+    plain = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(model), "-t", threads, "-p", "0",
+                            "-n", str(args.new_tokens), "-d", str(depth), "-r", "1", "-o", "jsonl"],
+                           capture_output=True, text=True, timeout=600)
+    plain_tok_s = float(re.search(r'"avg_ts":\s*([\d.]+)', plain.stdout).group(1)) if plain.returncode == 0 else 0.0
+    lookup = {"tok_s": float(speed.group(1)), "new_tokens": n, "proposed": drafted, "accepted": accepted,
+              "acceptance": round(accepted / drafted, 3) if drafted else 0.0,  # a pass decides its accepts + 1
+              "tokens_per_pass": round(n / max(1, n - accepted), 2), "ttft_s": 0.0}
+    if plain_tok_s:
+        lookup["vs_plain"] = round(lookup["tok_s"] / plain_tok_s, 3)
+    return {"llama.cpp plain": {"tok_s": plain_tok_s, "new_tokens": args.new_tokens, "proposed": 0, "accepted": 0,
+                                "acceptance": 0.0, "tokens_per_pass": 1.0, "ttft_s": 0.0}, "llama.cpp lookup": lookup}

@@ -74,7 +74,7 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     for name, kind, default, text in SAMPLING_FLAGS:
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None,
                        help=f"{text}{'; ' if text else ''}default: {default}")
-    p.add_argument("--speculation", choices=("off", "prompt-lookup", "draft", "auto"), default=None,
+    p.add_argument("--speculation", choices=("off", "prompt-lookup", "suffix", "draft", "auto"), default=None,
                    help="default: auto")
 
 

@@ -16,7 +16,8 @@ from ..models.transformer import KV_CACHE_TYPES, Transformer
 from .cached_model import CachedModel, Step
 from .protocol import Capabilities
 from .session import Session
-from .speculative import Drafter, PromptLookup
+from .speculation_pay import PassCost
+from .speculative import Drafter, PromptLookup, SuffixMatch
 from .threads import shared_tuner
 
 
@@ -64,6 +65,8 @@ class Engine:
         self.target = CachedModel(model, self.context_window, compile=compile, kv_cache=self.kv_cache,
                                   native=native)
         self.prompt_lookup = PromptLookup()
+        self.suffix_match = SuffixMatch()
+        self.pass_cost = PassCost()  # what a round costs by pass length, measured as replies run
         self.target.tuner = shared_tuner()
         self.draft = draft
 
@@ -157,12 +160,12 @@ class Engine:
         return len(self.tokenizer.encode(text))
 
     def drafter(self, mode: str) -> Drafter | None:
-        """The drafter for a speculation mode; `auto` prefers a configured draft model."""
+        """The drafter for a speculation mode; `auto` prefers a configured draft model, else suffix match."""
         if mode == "off":
             return None
         if mode == "draft" or (mode == "auto" and self.draft is not None):
             return self.draft
-        return self.prompt_lookup
+        return self.prompt_lookup if mode == "prompt-lookup" else self.suffix_match
 
     def reset_cache(self) -> None:
         """Forget every cached token (the target's and the draft model's)."""

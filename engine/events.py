@@ -25,7 +25,8 @@ class Stats:
     reused_tokens: int = 0  # prompt tokens whose KV came from the previous turn
     context_tokens: int = 0  # tokens in the context after this reply
     context_window: int = 0
-    drafter: str = ""  # "prompt lookup", the draft model's name, or "" when not speculating
+    drafter: str = ""  # which drafter ran: "prompt lookup", "suffix match", the draft model's name; "" if none
+    speculation_note: str = ""  # "" normally; in plain words why `auto` turned speculation off
     kv_cache: str = ""  # the KV cache storage the reply ran on: fp | bf16 | int8 | k8v4
     step: str = ""  # what the target's passes ran on: native | torch | compiled | graphed
 

@@ -20,6 +20,7 @@ class ReplyStats:
         self.prompt_tokens = self.reused_tokens = self.context_tokens = 0
         self.new_tokens = self.accepted = self.proposed = self.passes = 0
         self.drafter = ""
+        self.speculation_note = ""
 
     def round(self, proposed: int, shown: int, accepted: int) -> None:
         """One target pass: `proposed` drafted, `shown` tokens shown, the first `accepted` of them drafts."""
@@ -54,4 +55,5 @@ class ReplyStats:
             context_tokens=self.context_tokens,
             context_window=self.context_window,
             drafter=self.drafter,
+            speculation_note=self.speculation_note,
         )

@@ -4,6 +4,7 @@ verify -> commit."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -13,10 +14,13 @@ from . import sampling
 from .events import Done, Event, Notice, Stats, TextDelta
 from .params import GenerationParams, checked
 from .reply_stats import ReplyStats
+from .speculation_pay import PayCheck, best_length
 from .speculative import AdaptiveDraftLength, verify
 
 if TYPE_CHECKING:
     from .engine import Engine
+
+round_clock = time.perf_counter  # times each round for `auto` (a module name, so a test can drive it)
 
 
 class Session:
@@ -73,6 +77,8 @@ class Session:
         figures.prompt_tokens = len(ids) - figures.reused_tokens
         pending, generator, stream = ids[-1], sampling.make_generator(params.seed), eng.tokenizer.stream()
         adapt, rejected = AdaptiveDraftLength(params.draft_tokens), None
+        cost = eng.pass_cost  # measured across the engine's replies
+        pay, landed, expected = PayCheck(cost), 0, 0.0  # landed / expected: how well scores predict
         self.reply_ids = []
         while True:
             params, problem = checked(live, params)
@@ -83,18 +89,31 @@ class Session:
                 reason, detail = end
                 break
             # propose: a drafter guesses up to k tokens (k adapts; never past the budget or the window)
+            started = round_clock()
             context, drafter = [*target.ids, pending], eng.drafter(params.speculation)
+            auto = params.speculation == "auto" and drafter is not None
             adapt.k_max = params.draft_tokens
             k = min(adapt.k, target.max_len - len(context), budget - 1) if drafter else 0
+            if auto and (pay.needs_plain_round or not pay.pays()):
+                k = 0  # auto: measure one plain round to compare with, or drafting was measured not to pay
             draft, q = drafter.propose(context, k, params, generator) if k > 0 else ([], None)
+            scores = getattr(drafter, "scores", None) if draft and q is None else None
+            if scores:  # verify only the guesses worth their share of a longer pass (measured costs)
+                del draft[best_length(scores, cost, (landed + 1) / (expected + 1)):]
             # forward + verify: one target pass scores every guess and decides one token past them
             logits = target.forward([pending, *draft])
             new = verify(sampling.probs(logits, params, history=context, drafted=draft), draft, q, generator)
             adapt.update(len(draft), len(new) - 1)
+            seconds = round_clock() - started
+            cost.add(1 + len(draft), seconds)
+            pay.add(len(draft), len(new), seconds)
+            if scores:
+                landed, expected = landed + len(new) - 1, expected + sum(scores[: len(draft)])
             # commit what is shown: up to a stop token (whose KV is never claimed) and the budget
             shown, stopped = cut(new, eng.tokenizer.stop_ids, budget)
             target.commit(1 + len(shown) if stopped else len(shown))
-            figures.drafter = drafter.name if drafter else ""
+            figures.drafter = drafter.name if drafter and (figures.drafter or draft) else figures.drafter
+            figures.speculation_note = pay.note
             yield from self._show(shown, min(len(shown), len(new) - 1), len(draft), stream, figures)
             if stopped:
                 reason, detail = "eos", ""

@@ -2,8 +2,10 @@
 
 `verify` is the exact rejection-sampling rule of Leviathan et al. / Chen et al. (2023): the emitted
 tokens are distributed exactly as if the target had sampled them one at a time from `sampling.probs`.
-Two drafters sit behind one protocol: `PromptLookup` (copy what followed the newest earlier match of
-the last few tokens; no model) and `DraftModel` (a small model with the same tokenizer).
+Three drafters sit behind one protocol: `PromptLookup` (copy what followed the newest earlier match of
+the last few tokens; no model), `SuffixMatch` (the most frequent continuation of the longest earlier
+match, from a suffix trie over the whole conversation; no model) and `DraftModel` (a small model with
+the same tokenizer).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ..models.transformer import Transformer
 from .cached_model import CachedModel, Step
 from .params import GenerationParams
 from .sampling import probs, sample
+from .suffix_trie import SuffixTrie
 
 
 class Drafter(Protocol):
@@ -105,6 +108,46 @@ class PromptLookup:
             # starts s with s + n <= new - 1; those up to old - n - 1 are already in
             for s in range(max(0, old - n), new - n):
                 table[tuple(ids[s : s + n])] = s  # later starts overwrite: the newest wins
+
+
+class SuffixMatch:
+    """Guesses from everything said so far (the pasted document, every turn, the replies already given):
+    the continuation that most often followed the longest earlier match of the context's end, chained
+    token by token (SuffixDecoding's single best path). Deterministic, so verification treats q as
+    one-hot; proposes nothing when nothing matches.
+
+    Draft length adapts to the evidence: at most `per_match` tokens per token of match (a one-token
+    match of "the" is worth a guess or two, a 12-token match a long copy), and the chain stops where
+    its running probability (the product of each guess's share of the continuations seen) falls below
+    `min_score`. The trie grows with the context (no rebuild per token).
+    """
+
+    name = "suffix match"
+
+    def __init__(self, depth: int = 24, per_match: float = 2.0, min_score: float = 0.2) -> None:
+        self.trie = SuffixTrie(depth)
+        self.per_match, self.min_score = per_match, min_score
+        self.scores: list[float] = []  # the running probability after each guess of the last proposal
+
+    def propose(self, context: list[int], k: int, params: GenerationParams | None = None,
+                generator: torch.Generator | None = None) -> tuple[list[int], Tensor | None]:
+        self.scores = []
+        if k <= 0 or not context:
+            return [], None
+        self.trie.sync(context)
+        k = min(k, int(self.per_match * self.trie.match_length()))
+        draft, shares = self.trie.draft(k)
+        score = 1.0
+        for i, share in enumerate(shares):
+            score *= share
+            if score < self.min_score:
+                del draft[i:]
+                break
+            self.scores.append(score)
+        return draft, None
+
+    def reset(self) -> None:
+        self.trie = SuffixTrie(self.trie.depth)
 
 
 class VocabularyMismatch(ValueError):

@@ -4,6 +4,7 @@ the tiny model, so it checks the plumbing, not the speed)."""
 import argparse
 import json
 
+import pytest
 from single_thread import single_thread  # noqa: F401
 from tiny import tiny_engine
 
@@ -11,19 +12,23 @@ from parley.app import bench_speculative
 from parley.engine.engine import Engine
 
 
-def test_json_has_every_scenario(monkeypatch, capsys):
+def test_json_has_every_scenario(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *a, **kw: tiny_engine(seed=3)))
     monkeypatch.setattr(bench_speculative, "document", lambda: "alpha beta gamma. " * 8)
     p = argparse.ArgumentParser()
     bench_speculative.add_arguments(p)
-    args = p.parse_args(["--json", "--draft", "self:1", "--new-tokens", "12", "--draft-tokens", "4"])
+    public = tmp_path / "licence.txt"
+    public.write_text("Permission is granted to copy this text. " * 6)
+    args = p.parse_args(["--json", "--draft", "self:1", "--new-tokens", "12", "--draft-tokens", "4",
+                         "--public-document", str(public), "--peer", "none"])
     assert bench_speculative.run(args) == 0
     out = json.loads(capsys.readouterr().out)
-    for key in ("summarise", "free_chat"):
-        assert set(out[key]) == {"plain", "prompt_lookup", "draft self:1"}
+    for key in ("summarise", "summarise_public", "free_chat"):
+        assert set(out[key]) == {"plain", "prompt_lookup", "suffix", "auto", "draft self:1"}
         for r in out[key].values():
-            assert {"tok_s", "acceptance", "tokens_per_pass", "new_tokens"} <= set(r)
-        assert "vs_plain" in out[key]["prompt_lookup"]
+            assert {"tok_s", "acceptance", "tokens_per_pass", "new_tokens", "drafter", "note"} <= set(r)
+        assert "vs_plain" in out[key]["suffix"] and out[key]["plain"]["drafter"] == ""
+    assert out["public_document"] == str(public) and out["prompt_tokens"]["summarise_public"] > 240
     for figures in out["target_cost_by_tokens"].values():
         assert set(figures) == {"1", "2", "3", "5", "9", "17"}
     assert out["peak_rss_mb"] > 0 and out["drafts"] == ["self:1"]
@@ -34,6 +39,17 @@ def test_human_readable_output(monkeypatch, capsys):
     monkeypatch.setattr(bench_speculative, "document", lambda: "alpha beta gamma. " * 8)
     p = argparse.ArgumentParser()
     bench_speculative.add_arguments(p)
-    assert bench_speculative.run(p.parse_args(["--draft", "none", "--new-tokens", "8"])) == 0
+    args = p.parse_args(["--new-tokens", "8", "--public-document", "none", "--peer", "none"])
+    assert bench_speculative.run(args) == 0
     text = capsys.readouterr().out
-    assert "(a) summarise" in text and "(b) free chat" in text and "prompt_lookup" in text and "peak RSS" in text
+    assert "(a) summarise" in text and "(b) free chat" in text and "(a2)" not in text
+    assert "prompt_lookup" in text and "suffix" in text and "peak RSS" in text
+
+
+def test_unreadable_public_document_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *a, **kw: tiny_engine(seed=3)))
+    p = argparse.ArgumentParser()
+    bench_speculative.add_arguments(p)
+    missing = tmp_path / "nope.txt"
+    with pytest.raises(SystemExit, match=f"--public-document {missing}: cannot read it"):
+        bench_speculative.run(p.parse_args(["--public-document", str(missing), "--peer", "none"]))

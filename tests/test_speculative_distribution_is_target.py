@@ -1,5 +1,6 @@
 """Temperature > 0 with top-p < 1: the first two tokens emitted under speculation follow the target's
-exact joint distribution, for prompt lookup (q one-hot) and for a draft model whose q differs from p.
+exact joint distribution, for prompt lookup and suffix match (q one-hot) and for a draft model whose q
+differs from p.
 
 The exact law is computed from the target: P(x1, x2) = p(x1 | ctx) p(x2 | ctx, x1). The bulk of the
 draws (20k per drafter) runs the speculative rounds with `verify` on memoised p and q rows, which is
@@ -25,7 +26,7 @@ from tiny import ByteTokenizer, tiny_engine, tiny_model
 from parley.engine.events import TextDelta
 from parley.engine.params import GenerationParams
 from parley.engine.sampling import probs, sample
-from parley.engine.speculative import DraftModel, PromptLookup, verify
+from parley.engine.speculative import DraftModel, PromptLookup, SuffixMatch, verify
 
 PARAMS = GenerationParams(temperature=1.2, top_p=0.9, seed=0, max_new_tokens=2, draft_tokens=4)
 # An earlier turn repeats the question, so prompt lookup proposes what was answered then.
@@ -100,6 +101,21 @@ def test_prompt_lookup_verify_draws_follow_target(setup):
     assert 0.1 < accepted_first < 0.9, accepted_first
 
 
+def test_suffix_match_verify_draws_follow_target(setup):
+    eng, ctx, p, law = setup
+    suffix = SuffixMatch()
+    assert suffix.propose(list(ctx), 4)[0] == list(b"\xb6\xf61Z")  # the earlier answer to the same question
+
+    def propose(here, k, g):
+        return suffix.propose(list(here), k)[0], None
+
+    g = torch.Generator().manual_seed(3)
+    counts = Counter(speculate_two(ctx, propose, p, g) for _ in range(DRAWS))
+    assert chi_square_p_value(counts, law, DRAWS) > P_MIN
+    accepted_first = sum(c for (x1, _), c in counts.items() if x1 == 0xB6) / DRAWS
+    assert 0.1 < accepted_first < 0.9, accepted_first
+
+
 def test_draft_model_verify_draws_follow_target(setup):
     eng, ctx, p, law = setup
     q_rows = Rows(perturbed(eng.model))
@@ -136,7 +152,7 @@ def replies(eng, speculation: str) -> Counter:
     return counts
 
 
-@pytest.mark.parametrize("mode", ["prompt-lookup", "draft"])
+@pytest.mark.parametrize("mode", ["prompt-lookup", "suffix", "draft"])
 def test_full_replies_follow_target(setup, mode):
     _, ctx, _, law = setup
     draft = DraftModel(perturbed(tiny_model(seed=11)), ByteTokenizer(), ByteTokenizer(), min_confidence=0.0)

@@ -1,5 +1,5 @@
 """Whole replies under speculation follow the target's own law: temperature 0.7, top-p 0.9, stop ids
-on, replies of up to 6 tokens, drafts of up to 4 (k >= 2), for prompt lookup and for a draft model,
+on, replies of up to 6 tokens, drafts of up to 4 (k >= 2), for prompt lookup, suffix match and a draft model,
 without and with a repeat penalty of 1.3 over the last 64 tokens.
 
 The law is plain decoding's: P(reply) is the product of the target's `sampling.probs` rows along the
@@ -135,7 +135,7 @@ def engine():
 
 
 @pytest.mark.parametrize("params", [PLAIN, PENALISED], ids=["plain", "repeat_penalty"])
-@pytest.mark.parametrize("mode", ["prompt-lookup", "draft"])
+@pytest.mark.parametrize("mode", ["prompt-lookup", "suffix", "draft"])
 def test_speculative_replies_follow_the_target_law(engine, mode, params):
     counts, proposed, accepted = Counter(), 0, 0
     for seed in range(REPLIES):

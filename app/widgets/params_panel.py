@@ -47,7 +47,8 @@ SLIDERS = (
     SliderSpec("presence_penalty", "Presence penalty", 0.0, 2.0, 0.05, off_at=0.0),
     SliderSpec("draft_tokens", "Draft length", 1, 16, 1),
 )
-SPECULATION_LABELS = {"off": "Off", "prompt-lookup": "Prompt lookup", "draft": "Draft model", "auto": "Auto"}
+SPECULATION_LABELS = {"off": "Off", "prompt-lookup": "Prompt lookup", "suffix": "Suffix match", "draft": "Draft model",
+                      "auto": "Auto"}
 
 
 def format_value(spec: SliderSpec, value: float) -> str:

@@ -1,0 +1,149 @@
+"""A depth-bounded suffix trie over one token sequence, with occurrence counts, grown one token at a time.
+
+Why a trie of every suffix (SuffixDecoding, arXiv 2411.04975): a draft should continue the *longest*
+earlier match of what was just said, and where earlier text continued that match in several ways, the
+continuation seen most often is the best single guess; its share of the occurrences says how far a
+guess chain is worth extending. Every substring of length <= depth is a path from the root, so
+appending a token only extends the `depth` paths of the current suffixes (O(depth) dict operations,
+no rebuild as a pasted document or a reply grows), and truncating undoes exactly those steps.
+
+Memory: at most `depth` nodes per token (arrays of ints plus one dict entry each), ~2 MB per
+1,000 tokens at depth 24.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+_SHIFT = 21  # child key = node << _SHIFT | token: token ids must be < 2**21 (every vocabulary is)
+
+
+class SuffixTrie:
+    """Every substring of `ids` up to `depth` tokens, each node counting how often its string occurred."""
+
+    def __init__(self, depth: int = 24) -> None:
+        if depth < 2:
+            raise ValueError(f"suffix trie depth={depth}: need at least 2")
+        self.depth = depth
+        self.ids: list[int] = []
+        self._child: dict[int, int] = {}  # node << _SHIFT | token -> child node
+        self._count = array("l", [0])  # occurrences of the node's string
+        self._out = array("l", [0])  # occurrences followed by a token (sum of the children's counts)
+        self._best = array("l", [-1])  # the child token seen most often (the newest among equals); -1: none
+        self._active: list[int] = [0]  # the node of each suffix of `ids`, by length 0..depth-1
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def sync(self, context: list[int]) -> None:
+        """Make the trie hold exactly `context`: extend it when `context` extends `ids`, else undo the
+        tokens past the common prefix first (a new turn that re-renders the end of the last one)."""
+        ids = self.ids
+        n = min(len(ids), len(context))
+        if ids[:n] != context[:n]:
+            n = next(i for i, (a, b) in enumerate(zip(ids, context, strict=False)) if a != b)
+        if n < len(ids) - 4 * self.depth:  # cheaper to read it all again than to undo that much
+            self.__init__(self.depth)
+        elif n < len(ids):
+            self.truncate(n)
+        for t in context[len(self.ids):]:
+            self.append(t)
+
+    def append(self, token: int) -> None:
+        child, count, out, best = self._child, self._count, self._out, self._best
+        active = [0]
+        for node in self._active:
+            key = node << _SHIFT | token
+            c = child.get(key)
+            if c is None:
+                c = child[key] = len(count)
+                count.append(0)
+                out.append(0)
+                best.append(-1)
+            count[c] += 1
+            out[node] += 1
+            b = best[node]
+            if b < 0 or count[c] >= count[child[node << _SHIFT | b]]:
+                best[node] = token
+            if len(active) < self.depth:
+                active.append(c)
+        self.ids.append(token)
+        self._active = active
+
+    def truncate(self, n: int) -> None:
+        """Forget the tokens from position n on (undo their appends). Counts are restored exactly; a
+        node's best-child mark stays on a child that still occurred, which may no longer be the most
+        frequent one (drafts get a little worse until the context grows past it; output never changes)."""
+        if n <= 0:
+            self.__init__(self.depth)
+            return
+        ids, child, count, out, best = self.ids, self._child, self._count, self._out, self._best
+        for end in range(len(ids), n, -1):  # undo the appends of ids[n:], newest first
+            token = ids[end - 1]
+            for start in range(max(0, end - self.depth), end):  # the paths ids[start:end] that append made
+                node = 0
+                for t in ids[start : end - 1]:
+                    node = child[node << _SHIFT | t]
+                c = child[node << _SHIFT | token]
+                count[c] -= 1
+                out[node] -= 1
+                if out[node] == 0:
+                    best[node] = -1
+                elif best[node] == token and count[c] == 0:  # still a child otherwise (maybe no longer the
+                    best[node] = self._most_frequent_child(node)  # most frequent: a worse guess, never a wrong one)
+        del ids[n:]
+        self._active = [0]
+        for start in range(max(0, n - self.depth + 1), n):
+            node = 0
+            for t in ids[start:n]:
+                node = child[node << _SHIFT | t]
+            self._active.insert(1, node)
+
+    def _most_frequent_child(self, node: int) -> int:
+        best, best_count = -1, 0
+        for key, c in self._child.items():  # children are not listed per node: scan (truncate only)
+            if key >> _SHIFT == node and self._count[c] > best_count:
+                best, best_count = key & ((1 << _SHIFT) - 1), self._count[c]
+        return best
+
+    def draft(self, k: int, min_share: float = 0.0, tail: list[int] | None = None) -> tuple[list[int], list[float]]:
+        """Up to k tokens continuing `ids` + `tail` (tail: tokens not added to the trie), each the most
+        frequent continuation of the longest earlier match, and each guess's share of that match's
+        continuations (an empirical probability). Stops where the share falls below `min_share` or
+        nothing earlier matches."""
+        child, out, best = self._child, self._out, self._best
+        active = self._active
+        for t in tail or ():
+            active = self._advance(active, t)
+        draft: list[int] = []
+        shares: list[float] = []
+        while len(draft) < k:
+            node = next((a for a in reversed(active) if out[a] > 0), 0)  # the longest match with a follower
+            if node == 0:
+                break
+            x = best[node]
+            share = self._count[child[node << _SHIFT | x]] / out[node]
+            if share < min_share:
+                break
+            draft.append(x)
+            shares.append(share)
+            active = self._advance(active, x)
+        return draft, shares
+
+    def match_length(self, tail: list[int] | None = None) -> int:
+        """Tokens in the longest suffix of `ids` + `tail` that occurred earlier followed by a token."""
+        active = self._active
+        for t in tail or ():
+            active = self._advance(active, t)
+        return next((m for m in range(len(active) - 1, 0, -1) if self._out[active[m]] > 0), 0)
+
+    def _advance(self, active: list[int], token: int) -> list[int]:
+        """The suffix nodes after reading `token` (without adding it): those whose path extends by it."""
+        child = self._child
+        nxt = [0]
+        for node in active:
+            c = child.get(node << _SHIFT | token)
+            if c is None:
+                break  # a shorter suffix may still extend, but a longer one cannot: keep lengths contiguous
+            nxt.append(c)
+        return nxt[: self.depth]
