@@ -102,6 +102,18 @@ class ParleyApp(App[int]):
         self.replies = ReplyController(self, batch_interval)
         self.attachments = AttachmentController(self)
         self._store_problem: str | None = None
+        self.failed_load: BaseException | None = None  # the last load's error, while no engine is in
+
+    def get_driver_class(self):
+        """In a browser tab (`parley web`), a driver that ends the app when its tab goes."""
+        from textual.drivers.web_driver import WebDriver
+
+        driver = super().get_driver_class()
+        if driver is WebDriver:
+            from parley.app.web import TabDriver
+
+            return TabDriver
+        return driver
 
     # layout
     def compose(self) -> ComposeResult:
@@ -178,7 +190,7 @@ class ParleyApp(App[int]):
         if self.engine is not None:
             return True
         # Loading: quitting and help; and the settings and history while the chat screen shows.
-        allowed = ("help", "quit", "command_palette")
+        allowed = ("help", "quit", "help_quit", "command_palette")
         if self.engines.loading is None:
             allowed += ("toggle_params", "reset_params", "toggle_drafts", "history")
         return action in allowed
@@ -303,6 +315,10 @@ class ParleyApp(App[int]):
         """Quit; a reply in flight is saved as it stands, marked as interrupted."""
         await self.replies.interrupt()
         self.exit()
+
+    async def action_help_quit(self) -> None:
+        """Ctrl+C (Textual's own binding, reached when no text is selected to copy) quits, as in a terminal."""
+        await self.action_quit()
 
     async def action_regenerate(self) -> None:
         if self.generating or self.engine is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
+from parley.app.engine_lifecycle import in_background
 from parley.app.streaming import ActiveReply
 from parley.app.widgets.message import ChatMessage
 from parley.engine.events import Done
@@ -46,8 +47,7 @@ class ReplyController:
         app.generating = True
         app.panel.reply_progress(0)
         self._timer.resume()
-        app.run_worker(lambda: self._run(session, messages, params, reply), thread=True, group="reply",
-                       exit_on_error=False)
+        in_background(app, lambda: self._run(session, messages, params, reply), "parley-reply")
 
     def _run(self, session: SessionLike, messages: list[dict[str, str]], params: GenerationParams,
              reply: ActiveReply) -> None:

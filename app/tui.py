@@ -45,4 +45,8 @@ def build_app(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     app = build_app(args)
     app.run()
-    return app.return_code or 0
+    if app.return_code:
+        return app.return_code
+    if app.engine is None and app.failed_load is not None:  # quit from the "could not load" screen
+        return 1
+    return 0
