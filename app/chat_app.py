@@ -314,7 +314,8 @@ class ParleyApp(App[int]):
     async def action_quit(self) -> None:
         """Quit; a reply in flight is saved as it stands, marked as interrupted."""
         await self.replies.interrupt()
-        self.exit()
+        # After a failed load, the exit status says so (scripts and service managers read it).
+        self.exit(return_code=1 if self.engine is None and self.failed_load is not None else 0)
 
     async def action_help_quit(self) -> None:
         """Ctrl+C (Textual's own binding, reached when no text is selected to copy) quits, as in a terminal."""

@@ -45,8 +45,4 @@ def build_app(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     app = build_app(args)
     app.run()
-    if app.return_code:
-        return app.return_code
-    if app.engine is None and app.failed_load is not None:  # quit from the "could not load" screen
-        return 1
-    return 0
+    return app.return_code or 0  # 1 after quitting from the "could not load the model" screen
