@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from parley.app.screens.loading import LoadingScreen
+from parley.app.widgets.status_bar import model_words
 from parley.engine.protocol import EngineLike
 from parley.models.progress import Progress, ProgressFn
 
@@ -143,9 +144,9 @@ class EngineLifecycle:
 
     def _show_upgrade_progress(self, p: Progress) -> None:
         if p.stage == "quantize" and p.total:
-            self.app.status.background = f"INT4 in the background: layer {int(p.done)}/{int(p.total)}"
+            self.app.status.background = f"making INT4: layer {int(p.done)} of {int(p.total)}"
         else:
-            self.app.status.background = f"INT4 in the background: {p.detail or p.stage}"
+            self.app.status.background = f"making INT4: {p.detail or p.stage}"
 
     def _upgrade_failed(self, error: BaseException) -> None:
         self.app.status.background = ""
@@ -166,4 +167,4 @@ class EngineLifecycle:
             return
         self.app.status.background = ""
         self._use_engine(engine)
-        self.app.notify(f"Switched to {engine.model_name} · {engine.quantization}: the next reply uses it")
+        self.app.notify(f"Switched to {model_words(engine.model_name, engine.quantization)}: the next reply uses it")

@@ -74,6 +74,10 @@ class ReplyController:
         for text in batch.notices:
             app.notify(text, severity="warning", markup=False)
         if batch.stats is not None:
+            note = getattr(batch.stats, "speculation_note", "")  # e.g. auto turned a slow drafter off
+            if note and note not in reply.notes:
+                reply.notes.add(note)
+                app.notify(note, title="Speculation", severity="warning", timeout=10, markup=False)
             reply.has_stats = True
             app.status.live = None
             app.status.stats = batch.stats

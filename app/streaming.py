@@ -86,3 +86,4 @@ class ActiveReply:
     cancel: threading.Event = field(default_factory=threading.Event)
     finished: bool = False
     has_stats: bool = False
+    notes: set[str] = field(default_factory=set)  # speculation notes already shown for this reply

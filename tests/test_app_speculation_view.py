@@ -15,13 +15,13 @@ REPLY = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu"
 async def test_status_names_the_drafter_and_updates_acceptance_mid_reply(tmp_path):
     engine = FakeEngine(replies=[REPLY], stats_every=4, hold_at=9)
     app, _ = make_app(tmp_path, engine)
-    async with app.run_test(size=(140, 30)) as pilot:
+    async with app.run_test(size=(160, 30)) as pilot:
         await ready(app, pilot)
         await send(app, pilot, "go")
         await wait_until(lambda: engine.holding.is_set() and app.status.stats is not None
                          and app.status.stats.new_tokens == 8)
         assert app.generating  # figures from the engine while the reply is still running
-        assert "acc prompt lookup 75% 2.4/pass" in str(app.status.render())
+        assert "speculating: prompt lookup · 75% of guesses kept · 2.4 tokens per step" in str(app.status.render())
         engine.release.set()
         await wait_until(lambda: not app.generating)
         assert app.status.stats.new_tokens == len(split_tokens(REPLY))
