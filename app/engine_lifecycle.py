@@ -127,6 +127,8 @@ class EngineLifecycle:
         app.status.quantization = engine.quantization
         app.status.context_window = engine.context_window
         app.panel.set_capabilities(engine.capabilities)
+        # A local engine says whether it has a draft model; a remote one (no such attribute) decides itself.
+        app.panel.set_draft_model(getattr(engine, "draft", None) is not None if hasattr(engine, "draft") else None)
 
     def _upgrade(self) -> None:
         """Make the better engine in the background; switch to it between replies."""

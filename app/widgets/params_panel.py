@@ -48,6 +48,14 @@ SLIDERS = (
     SliderSpec("draft_tokens", "Draft length", 1, 16, 1),
 )
 SPECULATION_LABELS = {"off": "Off", "prompt-lookup": "Prompt lookup", "draft": "Draft model", "auto": "Auto"}
+# What each choice does, in one line (the answer is the same whichever is chosen: only the speed differs).
+SPECULATION_HELP = {
+    "off": "One token per pass of the model.",
+    "prompt-lookup": "Guesses the next words by copying from the conversation; fast on code and quotes.",
+    "draft": "A small draft model guesses ahead; the model keeps the guesses it agrees with.",
+    "auto": "Uses the draft model if one is loaded, else prompt lookup; turns itself off if it slows down.",
+}
+NO_DRAFT = "Draft model: none is loaded (start with --draft MODEL, e.g. --draft self)."
 
 
 def format_value(spec: SliderSpec, value: float) -> str:
@@ -73,6 +81,7 @@ class ParamsPanel(VerticalScroll):
         # Tokens of the streaming reply (None between replies), so the panel can say where a change lands.
         self.live_tokens: int | None = None
         self.live_params = True  # False: the backend reads parameters once per reply
+        self.has_draft: bool | None = None  # None: unknown (a remote server decides)
         self._pending: tuple[str, object, int] | None = None  # a change made mid-reply, not yet seen applied
         self._ready = False
 
@@ -84,8 +93,9 @@ class ParamsPanel(VerticalScroll):
             yield Slider(value, minimum=spec.minimum, maximum=spec.maximum, step=spec.step,
                          id=f"slider-{spec.attr}")
         yield Label("Speculation", classes="param--label")
-        yield Select([(SPECULATION_LABELS[m], m) for m in SPECULATION_MODES], value=self.params.speculation,
+        yield Select(self._speculation_options(), value=self.params.speculation,
                      allow_blank=False, id="speculation", compact=True)
+        yield Static(self._speculation_help(), id="speculation-help", classes="param--help")
         yield Label("KV cache (next reply)", classes="param--label")
         yield Select([(k, k) for k in KV_CACHE_CHOICES], value=self.params.kv_cache, allow_blank=False,
                      id="kv-cache", compact=True)
@@ -102,6 +112,25 @@ class ParamsPanel(VerticalScroll):
 
     def _set_ready(self) -> None:
         self._ready = True
+
+    def _speculation_options(self) -> list[tuple[str, str]]:
+        """Every mode, but "Draft model" only when a draft model is there to run."""
+        return [(SPECULATION_LABELS[m], m) for m in SPECULATION_MODES if m != "draft" or self.has_draft is not False]
+
+    def _speculation_help(self) -> str:
+        line = SPECULATION_HELP.get(self.params.speculation, "")
+        return f"{line}\n{NO_DRAFT}" if self.has_draft is False else line
+
+    def set_draft_model(self, loaded: bool | None) -> None:
+        """Offer "Draft model" only with one loaded; say why not otherwise. A saved choice of it falls back to
+        auto (which would run the same drafter: prompt lookup) rather than running silently without one."""
+        self.has_draft = loaded
+        select = self.query_one("#speculation", Select)
+        if loaded is False and self.params.speculation == "draft":
+            self.params.speculation = "auto"
+        select.set_options(self._speculation_options())
+        select.value = self.params.speculation
+        self.query_one("#speculation-help", Static).update(self._speculation_help())
 
     @staticmethod
     def _label_text(spec: SliderSpec, value: float) -> str:
@@ -139,8 +168,13 @@ class ParamsPanel(VerticalScroll):
             value = param(self.params, spec.attr)
             self.query_one(f"#slider-{spec.attr}", Slider).value = value
             self.query_one(f"#label-{spec.attr}", Label).update(self._label_text(spec, value))
+        if self.has_draft is False and self.params.speculation == "draft":
+            self.params.speculation = "auto"
         self.query_one("#speculation", Select).value = self.params.speculation
+        self.query_one("#speculation-help", Static).update(self._speculation_help())
         self.query_one("#kv-cache", Select).value = self.params.kv_cache
+        self._pending = None
+        self.query_one("#applied", Static).update("")  # a note about the values just replaced is stale
         self.query_one("#seed", Input).value = "" if self.params.seed is None else str(self.params.seed)
         self.query_one("#max-tokens", Input).value = str(self.params.max_new_tokens)
 
@@ -157,6 +191,7 @@ class ParamsPanel(VerticalScroll):
                 self._apply("kv_cache", event.value)
         elif event.value in SPECULATION_MODES:
             self._apply("speculation", event.value)
+            self.query_one("#speculation-help", Static).update(self._speculation_help())
 
     def on_input_changed(self, event: Input.Changed) -> None:
         event.stop()
