@@ -15,7 +15,7 @@ from textual.message import Message
 from textual.widgets import Input, Label, Select, Static
 
 from parley.app.widgets.slider import Slider
-from parley.engine.params import KV_CACHE_CHOICES, SPECULATION_MODES, GenerationParams
+from parley.engine.params import KV_CACHE_CHOICES, SPECULATION_MODES, TEMPERATURE_MAX, GenerationParams
 from parley.engine.protocol import Capabilities
 
 # Repetition control (llama.cpp / OpenAI semantics); read with these defaults until every engine has them.
@@ -37,7 +37,7 @@ class SliderSpec:
 
 
 SLIDERS = (
-    SliderSpec("temperature", "Temperature", 0.0, 2.0, 0.05),
+    SliderSpec("temperature", "Temperature", 0.0, TEMPERATURE_MAX, 0.05),
     SliderSpec("top_p", "Top-p", 0.05, 1.0, 0.01, off_at=1.0),
     SliderSpec("top_k", "Top-k", 0, 100, 1, off_at=0),
     SliderSpec("min_p", "Min-p", 0.0, 0.5, 0.01, off_at=0.0),
