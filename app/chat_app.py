@@ -103,6 +103,7 @@ class ParleyApp(App[int]):
         self.attachments = AttachmentController(self)
         self._store_problem: str | None = None
         self.failed_load: BaseException | None = None  # the last load's error, while no engine is in
+        self._queued = False  # a message sent while the model loads waits for it
 
     def get_driver_class(self):
         """In a browser tab (`parley web`), a driver that ends the app when its tab goes."""
@@ -226,6 +227,9 @@ class ParleyApp(App[int]):
             self.attachments.count(chip.text)
         if self.conversation is not None:
             self._count_context()
+        if self._queued:
+            self._queued = False
+            self.call_later(self._start_reply)
 
     def drop_session(self) -> None:
         """The next reply starts a new session (a new engine reads the conversation afresh)."""
@@ -266,13 +270,13 @@ class ParleyApp(App[int]):
     async def send(self, text: str) -> None:
         text = text.strip()
         chip = self.attachment
-        if self.engine is None:
-            self.notify("The model is still loading: your message stays in the prompt", severity="warning")
+        if self.engine is None and self._queued:
+            self.notify("One message already waits for the model", severity="warning")
             return
         if self.generating:
             self.notify("A reply is streaming: Esc stops it", severity="warning")
             return
-        if chip is not None and chip.tokens is None:
+        if chip is not None and chip.tokens is None and self.engine is not None:
             self.notify("Still measuring the pasted document", severity="warning")
             return
         if not text and chip is None:
@@ -284,6 +288,10 @@ class ParleyApp(App[int]):
         await self.chat.mount(message)
         self.prompt.clear()
         await self.attachments.remove()
+        if self.engine is None:  # answered as soon as the model is in
+            self._queued = True
+            self.notify("Queued: answered once the model has loaded")
+            return
         await self._start_reply()
 
     async def _start_reply(self) -> None:
@@ -349,6 +357,7 @@ class ParleyApp(App[int]):
         await self.chat.remove_children()
         self.conversation = None
         self._session = None
+        self._queued = False
         self.status.context_used = 0
         self._system_prompt_draft = str(self.settings.get("system_prompt", "") or "")
         self.status.stats = None
