@@ -282,8 +282,8 @@ class ParleyApp(App[int]):
         if not text and chip is None:
             return
         conversation = self._ensure_conversation(text or "Pasted document")
-        doc, doc_tokens = (chip.text, chip.tokens) if chip is not None else (None, None)
-        message = ChatMessage("user", text, doc, doc_tokens)
+        doc, doc_tokens, doc_name = (chip.text, chip.tokens, chip.file_name) if chip is not None else (None, None, None)
+        message = ChatMessage("user", text, doc, doc_tokens, doc_name)
         message.db_id = self.store.add_message(conversation.id, "user", text, doc)
         await self.chat.mount(message)
         self.prompt.clear()
@@ -311,7 +311,7 @@ class ParleyApp(App[int]):
         self.prompt.load_text(last.content)
         self.prompt.move_cursor(self.prompt.document.end)
         if last.attachment is not None:
-            await self.attachments.attach_text(last.attachment, last.attachment_tokens)
+            await self.attachments.attach_text(last.attachment, last.attachment_tokens, last.attachment_name)
         self.prompt.focus()
 
     # actions
