@@ -25,7 +25,7 @@ from parley.app import paste_budget
 from parley.app.attachments import AttachmentController
 from parley.app.commands import ParleyCommands
 from parley.app.engine_lifecycle import EngineLifecycle, EngineLoader, EngineUpgrade
-from parley.app.reply_controller import ReplyController
+from parley.app.reply_controller import ReplyController, without_marks
 from parley.app.screens.dialogs import SystemPromptScreen
 from parley.app.screens.help import HelpScreen
 from parley.app.screens.history import Deleted, HistoryScreen, Renamed
@@ -261,7 +261,7 @@ class ParleyApp(App[int]):
 
     def engine_messages(self) -> list[dict[str, str]]:
         """The visible conversation as the engine wants it: what is on screen is what the model saw."""
-        return [{"role": m.role, "content": compose_user_content(m.content, m.attachment)}
+        return [{"role": m.role, "content": compose_user_content(without_marks(m.content), m.attachment)}
                 for m in self.chat.messages]
 
     async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:

@@ -20,7 +20,16 @@ from parley.engine.protocol import SessionLike
 if TYPE_CHECKING:
     from parley.app.chat_app import ParleyApp
 
-INTERRUPTED_MARK = "\n\n*[reply interrupted]*"
+# Marks on a reply that did not finish: kept in the chat, the history and exports, never sent to the model
+# (it continues from the text it wrote, so its cached context still matches).
+INTERRUPTED_MARK = "\n\n*[reply interrupted]*"  # the app quit mid-reply
+STOPPED_MARK = "\n\n*(stopped)*"  # Esc
+
+
+def without_marks(content: str) -> str:
+    for mark in (INTERRUPTED_MARK, STOPPED_MARK):
+        content = content.removesuffix(mark)
+    return content
 
 
 class ReplyController:
@@ -99,8 +108,8 @@ class ReplyController:
         app.generating = False
         app.status.live = None
         app.panel.reply_progress(None)
-        if interrupted and reply.view.content:
-            await reply.view.append(INTERRUPTED_MARK)
+        if reply.view.content and done.reason == "cancelled":
+            await reply.view.append(INTERRUPTED_MARK if interrupted else STOPPED_MARK)
         await reply.view.finish()
         if reply.view.content:
             assert app.conversation is not None
