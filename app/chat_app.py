@@ -295,7 +295,9 @@ class ParleyApp(App[int]):
         await self._start_reply()
 
     async def _start_reply(self) -> None:
-        await self.replies.start(self._ensure_session(), self.engine_messages(), self.params)
+        documents = {i: m.attachment_name or "you pasted" for i, m in enumerate(self.chat.messages)
+                     if m.attachment is not None}
+        await self.replies.start(self._ensure_session(), self.engine_messages(), self.params, documents)
 
     async def _take_back_last_user_message(self) -> None:
         """Remove the last user message (and what follows) and put it back in the composer."""

@@ -8,12 +8,15 @@ keeps what was shown and the engine stops at its next round.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
+from parley.app import paste_budget
 from parley.app.engine_lifecycle import in_background
 from parley.app.streaming import ActiveReply
 from parley.app.widgets.message import ChatMessage
-from parley.engine.events import Done
+from parley.engine.events import Done, Notice
 from parley.engine.params import GenerationParams
 from parley.engine.protocol import SessionLike
 
@@ -45,8 +48,12 @@ class ReplyController:
     def mount(self) -> None:
         self._timer = self.app.set_interval(self.batch_interval, self.drain, pause=True)
 
-    async def start(self, session: SessionLike, messages: list[dict[str, str]], params: GenerationParams) -> None:
+    async def start(self, session: SessionLike, messages: list[dict[str, str]], params: GenerationParams,
+                    documents: dict[int, str] | None = None) -> None:
+        """Start a reply to `messages`; `documents` names the ones that carry a document (kept the longest)."""
         app = self.app
+        engine = app.engine
+        assert engine is not None
         app.chat.anchor()
         view = ChatMessage("assistant")
         await app.chat.mount(view)
@@ -56,12 +63,17 @@ class ReplyController:
         app.generating = True
         app.panel.reply_progress(0)
         self._timer.resume()
-        in_background(app, lambda: self._run(session, messages, params, reply), "parley-reply")
+        fit = partial(paste_budget.fit_conversation, engine.count_tokens, engine.context_window, messages,
+                      documents or {}, session.system_prompt or "", params.max_new_tokens)
+        in_background(app, lambda: self._run(session, fit, params, reply), "parley-reply")
 
-    def _run(self, session: SessionLike, messages: list[dict[str, str]], params: GenerationParams,
-             reply: ActiveReply) -> None:
+    def _run(self, session: SessionLike, fit: Callable[[], tuple[list[dict[str, str]], str | None]],
+             params: GenerationParams, reply: ActiveReply) -> None:
         with self._engine_lock:
             try:
+                messages, left_out = fit()  # counting tokens takes a moment: here, off the UI thread
+                if left_out:
+                    reply.buffer.push(Notice(left_out))
                 for event in session.reply(messages, params, reply.cancel):
                     reply.buffer.push(event)
                     if isinstance(event, Done):
