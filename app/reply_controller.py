@@ -106,6 +106,7 @@ class ReplyController:
                 app.status.context_used = batch.stats.context_tokens
         elif not reply.has_stats:
             app.status.live = reply.buffer.live_figures()
+        app.status.prefill = reply.buffer.prefill_figures()
         app.panel.reply_progress(reply.buffer.tokens)
         if batch.done is not None:
             await self.finish(reply, batch.done)
@@ -119,6 +120,7 @@ class ReplyController:
         self._timer.pause()
         app.generating = False
         app.status.live = None
+        app.status.prefill = None
         app.panel.reply_progress(None)
         if reply.view.content and done.reason == "cancelled":
             await reply.view.append(INTERRUPTED_MARK if interrupted else STOPPED_MARK)
