@@ -43,13 +43,16 @@ async def test_drafted_characters_are_highlighted_only_when_asked(tmp_path):
         await pilot.press("ctrl+t")
         await pilot.pause()
         assert view.display and not reply.body.display
+        # Why the reply looks raw is said where it shows (the toggle persists across restarts).
+        note = reply.query_one(".message--drafts-note")
+        assert note.display and "Ctrl+T" in str(note.render())
         text = reply.drafts_text()  # what the view shows: the reply, drafted characters highlighted
         assert [(s.start, s.end) for s in text.spans] == reply.drafted and text.plain == REPLY
         assert REPLY.split()[1] in app.export_screenshot()
         assert app.settings.get("show_drafts") is True  # kept for the next start
         await pilot.press("ctrl+t")
         await pilot.pause()
-        assert not view.display and reply.body.display
+        assert not view.display and reply.body.display and not note.display
 
 
 async def test_engine_notices_are_shown(tmp_path):

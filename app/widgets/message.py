@@ -29,6 +29,9 @@ def attachment_label(text: str, tokens: int | None, *, counting: bool = True, na
     return f"{name or 'pasted'}: {lines:,} line{'s' if lines != 1 else ''}, {count}"
 
 
+DRAFTS_NOTE = "Plain text, with the tokens guessed by speculation highlighted · Ctrl+T: back to formatted"
+
+
 class ChatMessage(Vertical, can_focus=True):
     """A user or assistant turn. An assistant turn can stream: deltas go through a `MarkdownStream`."""
 
@@ -58,7 +61,10 @@ class ChatMessage(Vertical, can_focus=True):
             yield Label(label, classes="message--attachment", markup=False)
         yield Markdown(self.content, classes="message--body")
         if self.role == "assistant":
-            yield Static(classes="message--drafts")  # the optional "colour drafted tokens" view
+            # The optional "colour drafted tokens" view, under a line saying why the reply looks raw: the
+            # setting persists, and a user who forgot turning it on must see what it is and how to undo it.
+            yield Static(DRAFTS_NOTE, classes="message--drafts-note", markup=False)
+            yield Static(classes="message--drafts")
 
     def drafts_text(self) -> Text:
         """The reply as plain text, with the characters that came from accepted drafts highlighted."""
