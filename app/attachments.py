@@ -49,7 +49,7 @@ class AttachmentController:
         except OSError as e:
             app.notify(f"Could not read {path}: {e.strerror or e}", severity="error", markup=False)
             return
-        await self.attach_text(paste_budget.normalise_newlines(text))
+        await self.attach_text(paste_budget.normalise_newlines(text), name=path.name)
         app.prompt.focus()
 
     async def summarise(self) -> None:
@@ -69,13 +69,13 @@ class AttachmentController:
         await self.remove()
         self.app.prompt.focus()
 
-    async def attach_text(self, text: str, tokens: int | None = None) -> None:
+    async def attach_text(self, text: str, tokens: int | None = None, name: str | None = None) -> None:
         """Show `text` as the document; count it unless `tokens` is known (or the engine is still loading)."""
         app = self.app
         if app.attachment is not None:
             await self.remove()
             app.notify("The new document replaces the previous one")
-        chip = Attachment(text, id="attachment")
+        chip = Attachment(text, name=name, id="attachment")
         await app.screen_stack[0].query_one("#composer").mount(chip, before=app.prompt)
         app.prompt.has_attachment = True
         if tokens is not None:

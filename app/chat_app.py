@@ -25,7 +25,7 @@ from parley.app import paste_budget
 from parley.app.attachments import AttachmentController
 from parley.app.commands import ParleyCommands
 from parley.app.engine_lifecycle import EngineLifecycle, EngineLoader, EngineUpgrade
-from parley.app.reply_controller import ReplyController
+from parley.app.reply_controller import ReplyController, without_marks
 from parley.app.screens.dialogs import SystemPromptScreen
 from parley.app.screens.help import HelpScreen
 from parley.app.screens.history import Deleted, HistoryScreen, Renamed
@@ -102,6 +102,19 @@ class ParleyApp(App[int]):
         self.replies = ReplyController(self, batch_interval)
         self.attachments = AttachmentController(self)
         self._store_problem: str | None = None
+        self.failed_load: BaseException | None = None  # the last load's error, while no engine is in
+        self._queued = False  # a message sent while the model loads waits for it
+
+    def get_driver_class(self):
+        """In a browser tab (`parley web`), a driver that ends the app when its tab goes."""
+        from textual.drivers.web_driver import WebDriver
+
+        driver = super().get_driver_class()
+        if driver is WebDriver:
+            from parley.app.web import TabDriver
+
+            return TabDriver
+        return driver
 
     # layout
     def compose(self) -> ComposeResult:
@@ -178,7 +191,7 @@ class ParleyApp(App[int]):
         if self.engine is not None:
             return True
         # Loading: quitting and help; and the settings and history while the chat screen shows.
-        allowed = ("help", "quit", "command_palette")
+        allowed = ("help", "quit", "help_quit", "command_palette")
         if self.engines.loading is None:
             allowed += ("toggle_params", "reset_params", "toggle_drafts", "history")
         return action in allowed
@@ -214,6 +227,9 @@ class ParleyApp(App[int]):
             self.attachments.count(chip.text)
         if self.conversation is not None:
             self._count_context()
+        if self._queued:
+            self._queued = False
+            self.call_later(self._start_reply)
 
     def drop_session(self) -> None:
         """The next reply starts a new session (a new engine reads the conversation afresh)."""
@@ -245,7 +261,7 @@ class ParleyApp(App[int]):
 
     def engine_messages(self) -> list[dict[str, str]]:
         """The visible conversation as the engine wants it: what is on screen is what the model saw."""
-        return [{"role": m.role, "content": compose_user_content(m.content, m.attachment)}
+        return [{"role": m.role, "content": compose_user_content(without_marks(m.content), m.attachment)}
                 for m in self.chat.messages]
 
     async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
@@ -254,28 +270,34 @@ class ParleyApp(App[int]):
     async def send(self, text: str) -> None:
         text = text.strip()
         chip = self.attachment
-        if self.engine is None:
-            self.notify("The model is still loading: your message stays in the prompt", severity="warning")
+        if self.engine is None and self._queued:
+            self.notify("One message already waits for the model", severity="warning")
             return
         if self.generating:
             self.notify("A reply is streaming: Esc stops it", severity="warning")
             return
-        if chip is not None and chip.tokens is None:
+        if chip is not None and chip.tokens is None and self.engine is not None:
             self.notify("Still measuring the pasted document", severity="warning")
             return
         if not text and chip is None:
             return
         conversation = self._ensure_conversation(text or "Pasted document")
-        doc, doc_tokens = (chip.text, chip.tokens) if chip is not None else (None, None)
-        message = ChatMessage("user", text, doc, doc_tokens)
+        doc, doc_tokens, doc_name = (chip.text, chip.tokens, chip.file_name) if chip is not None else (None, None, None)
+        message = ChatMessage("user", text, doc, doc_tokens, doc_name)
         message.db_id = self.store.add_message(conversation.id, "user", text, doc)
         await self.chat.mount(message)
         self.prompt.clear()
         await self.attachments.remove()
+        if self.engine is None:  # answered as soon as the model is in
+            self._queued = True
+            self.notify("Queued: answered once the model has loaded")
+            return
         await self._start_reply()
 
     async def _start_reply(self) -> None:
-        await self.replies.start(self._ensure_session(), self.engine_messages(), self.params)
+        documents = {i: m.attachment_name or "you pasted" for i, m in enumerate(self.chat.messages)
+                     if m.attachment is not None}
+        await self.replies.start(self._ensure_session(), self.engine_messages(), self.params, documents)
 
     async def _take_back_last_user_message(self) -> None:
         """Remove the last user message (and what follows) and put it back in the composer."""
@@ -291,7 +313,7 @@ class ParleyApp(App[int]):
         self.prompt.load_text(last.content)
         self.prompt.move_cursor(self.prompt.document.end)
         if last.attachment is not None:
-            await self.attachments.attach_text(last.attachment, last.attachment_tokens)
+            await self.attachments.attach_text(last.attachment, last.attachment_tokens, last.attachment_name)
         self.prompt.focus()
 
     # actions
@@ -302,7 +324,12 @@ class ParleyApp(App[int]):
     async def action_quit(self) -> None:
         """Quit; a reply in flight is saved as it stands, marked as interrupted."""
         await self.replies.interrupt()
-        self.exit()
+        # After a failed load, the exit status says so (scripts and service managers read it).
+        self.exit(return_code=1 if self.engine is None and self.failed_load is not None else 0)
+
+    async def action_help_quit(self) -> None:
+        """Ctrl+C (Textual's own binding, reached when no text is selected to copy) quits, as in a terminal."""
+        await self.action_quit()
 
     async def action_regenerate(self) -> None:
         if self.generating or self.engine is None:
@@ -332,6 +359,7 @@ class ParleyApp(App[int]):
         await self.chat.remove_children()
         self.conversation = None
         self._session = None
+        self._queued = False
         self.status.context_used = 0
         self._system_prompt_draft = str(self.settings.get("system_prompt", "") or "")
         self.status.stats = None

@@ -7,13 +7,14 @@ background and switched to between replies, never mid-reply.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from textual.worker import Worker
-
 from parley.app.screens.loading import LoadingScreen
+from parley.app.widgets.status_bar import model_words
 from parley.engine.protocol import EngineLike
 from parley.models.progress import Progress, ProgressFn
 
@@ -28,6 +29,21 @@ EngineUpgrade = Callable[[ProgressFn | None], EngineLike | None]
 PROGRESS_INTERVAL_S = 0.1
 
 
+def in_background(app: ParleyApp, work: Callable[[], None], name: str) -> threading.Thread:
+    """Run `work` on a daemon thread. Not a Textual thread worker: those run on asyncio's default executor,
+    which `asyncio.run` joins when the app exits, so quitting would wait for a model load, a quantization or
+    a prefill to finish (20 s and more). A daemon thread is dropped at exit; every cache write is atomic."""
+    thread = threading.Thread(target=work, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def to_ui(app: ParleyApp, callback: Callable[..., object], *args: object) -> None:
+    """`app.call_from_thread`, a no-op once the app has gone (a background thread outlived it)."""
+    with contextlib.suppress(RuntimeError):  # raised once the app is not running any more
+        app.call_from_thread(callback, *args)
+
+
 class EngineLifecycle:
     """Owns the loading screen while one shows, and the engine waiting to be switched to; sets `app.engine`."""
 
@@ -37,20 +53,22 @@ class EngineLifecycle:
         self._upgrade_engine = upgrade_engine
         self.loading: LoadingScreen | None = None  # shown only for real work: a download, a quantization
         self.next_engine: EngineLike | None = None  # ready in the background, switched to between replies
+        self._attempt = 0  # a retry supersedes a load still running: only the latest attempt's result counts
 
-    def load(self) -> Worker[None]:
-        """Load in a thread; a new load (a retry) replaces one still running."""
-        return self.app.run_worker(self._load, name="load_engine", group="load", exclusive=True, thread=True,
-                                   exit_on_error=False)
+    def load(self) -> threading.Thread:
+        """Load on a background thread; a new load (a retry) replaces one still running."""
+        self._attempt += 1
+        attempt = self._attempt
+        return in_background(self.app, lambda: self._load(attempt), "parley-load")
 
-    def _load(self) -> None:
+    def _load(self, attempt: int) -> None:
         app = self.app
         try:
             engine = self._load_engine(self._throttled(self._show_progress))
         except Exception as error:  # shown to the user with what to do
-            app.call_from_thread(self._load_failed, error)
+            to_ui(app, self._load_failed, attempt, error)
         else:
-            app.call_from_thread(self._engine_ready, engine)
+            to_ui(app, self._engine_ready, attempt, engine)
 
     def _throttled(self, show: Callable[[Progress], None]) -> ProgressFn:
         """Progress from a worker thread, at most ~10 a second but never dropping a new stage or an end."""
@@ -62,7 +80,7 @@ class EngineLifecycle:
             finished = bool(p.total) and p.done >= p.total
             if now - last >= PROGRESS_INTERVAL_S or finished or p.stage != last_stage:
                 last, last_stage = now, p.stage
-                self.app.call_from_thread(show, p)
+                to_ui(self.app, show, p)
 
         return progress
 
@@ -78,14 +96,20 @@ class EngineLifecycle:
         elif p.detail:
             app.status.model = f"loading: {p.detail}"
 
-    def _load_failed(self, error: BaseException) -> None:
+    def _load_failed(self, attempt: int, error: BaseException) -> None:
+        if attempt != self._attempt:
+            return
+        self.app.failed_load = error  # the exit status says the model did not load
         if self.loading is None:
             self.loading = LoadingScreen(self.app.model_ref)
             self.app.push_screen(self.loading)
         self.loading.show_error(error)
 
-    def _engine_ready(self, engine: EngineLike) -> None:
+    def _engine_ready(self, attempt: int, engine: EngineLike) -> None:
+        if attempt != self._attempt:
+            return
         app = self.app
+        app.failed_load = None
         self._use_engine(engine)
         if self.loading is not None and app.screen is self.loading:
             app.pop_screen()
@@ -103,27 +127,28 @@ class EngineLifecycle:
         app.status.quantization = engine.quantization
         app.status.context_window = engine.context_window
         app.panel.set_capabilities(engine.capabilities)
+        # A local engine says whether it has a draft model; a remote one (no such attribute) decides itself.
+        app.panel.set_draft_model(getattr(engine, "draft", None) is not None if hasattr(engine, "draft") else None)
 
     def _upgrade(self) -> None:
         """Make the better engine in the background; switch to it between replies."""
-        self.app.run_worker(self._make_upgrade, name="upgrade_engine", group="upgrade", exclusive=True,
-                            thread=True, exit_on_error=False)
+        in_background(self.app, self._make_upgrade, "parley-upgrade")
 
     def _make_upgrade(self) -> None:
         assert self._upgrade_engine is not None
         try:
             engine = self._upgrade_engine(self._throttled(self._show_upgrade_progress))
         except Exception as error:
-            self.app.call_from_thread(self._upgrade_failed, error)
+            to_ui(self.app, self._upgrade_failed, error)
             return
         if engine is not None:
-            self.app.call_from_thread(self._upgrade_ready, engine)
+            to_ui(self.app, self._upgrade_ready, engine)
 
     def _show_upgrade_progress(self, p: Progress) -> None:
         if p.stage == "quantize" and p.total:
-            self.app.status.background = f"INT4 in the background: layer {int(p.done)}/{int(p.total)}"
+            self.app.status.background = f"making INT4: layer {int(p.done)} of {int(p.total)}"
         else:
-            self.app.status.background = f"INT4 in the background: {p.detail or p.stage}"
+            self.app.status.background = f"making INT4: {p.detail or p.stage}"
 
     def _upgrade_failed(self, error: BaseException) -> None:
         self.app.status.background = ""
@@ -144,4 +169,4 @@ class EngineLifecycle:
             return
         self.app.status.background = ""
         self._use_engine(engine)
-        self.app.notify(f"Switched to {engine.model_name} · {engine.quantization}: the next reply uses it")
+        self.app.notify(f"Switched to {model_words(engine.model_name, engine.quantization)}: the next reply uses it")

@@ -72,3 +72,65 @@ def too_long_message(tokens: int, b: Budget, text: str, kept: str, kept_tokens: 
         f"Truncate keeps the first {kept_lines:,} of {lines:,} lines ({kept_tokens:,} tokens). "
         "Nothing is cut unless you choose it."
     )
+
+
+def exchanges(roles: list[str]) -> list[list[int]]:
+    """The message indices grouped into exchanges: a user message and the replies after it."""
+    groups: list[list[int]] = []
+    for i, role in enumerate(roles):
+        if role == "user" or not groups:
+            groups.append([])
+        groups[-1].append(i)
+    return groups
+
+
+def left_out(counts: list[int], roles: list[str], documents: set[int], window: int, max_new_tokens: int,
+             system_tokens: int = 0) -> list[int]:
+    """The messages to leave out, oldest exchanges first, so the conversation fits the window with the reply's
+    room; exchanges that carry a document go only once every other one has (the system prompt always stays,
+    and so does the last exchange). Leaving out down to 7/8 of the room spares a re-read on every turn."""
+    framing = TEMPLATE_TOKENS_PER_MESSAGE * (len(counts) + 2) + system_tokens
+    room = window - min(max_new_tokens, window // 4)
+    total = sum(counts) + framing
+    if total <= room:
+        return []
+    groups = exchanges(roles)[:-1]
+    plain = [g for g in groups if not documents.intersection(g)]
+    dropped: list[int] = []
+    for group in plain + [g for g in groups if g not in plain]:
+        # Plain exchanges go down to 7/8 of the room; a document only as far as it must.
+        if total <= (room - window // 8 if group in plain else room):
+            break
+        dropped += group
+        total -= sum(counts[i] for i in group) + TEMPLATE_TOKENS_PER_MESSAGE * len(group)
+    return sorted(dropped)
+
+
+def left_out_words(dropped: list[int], roles: list[str], documents: dict[int, str], window: int,
+                   system: bool) -> str:
+    """What the model no longer sees, in chat words."""
+    asks = sum(roles[i] == "user" for i in dropped)
+    lost_docs = [documents[i] for i in dropped if i in documents]
+    text = (f"This chat is now longer than the model can keep in mind ({window:,} tokens), so it no longer "
+            f"sees your {asks} oldest question{'s' if asks != 1 else ''} and the answers to them.")
+    if lost_docs:
+        return text + " That includes the document " + ", ".join(lost_docs) + ": attach it again if you need it."
+    kept = [what for what, there in (("the system prompt", system), ("your documents", bool(documents))) if there]
+    return text + (f" It still sees {' and '.join(kept)}." if kept else "")
+
+
+def fit_conversation(count: Callable[[str], int], window: int, messages: list[dict[str, str]],
+                     documents: dict[int, str], system_prompt: str, max_new_tokens: int
+                     ) -> tuple[list[dict[str, str]], str | None]:
+    """`messages` as they fit the window (documents and the system prompt kept), and what was left out, in
+    words (None when nothing was). Done here rather than left to the engine, which leaves out the oldest
+    messages whatever they hold, and a document is usually the oldest."""
+    roles = [m["role"] for m in messages]
+    counts = [count(m["content"]) for m in messages]
+    dropped = left_out(counts, roles, set(documents), window, max_new_tokens,
+                       count(system_prompt) if system_prompt else 0)
+    if not dropped:
+        return messages, None
+    gone = set(dropped)
+    kept = [m for i, m in enumerate(messages) if i not in gone]
+    return kept, left_out_words(dropped, roles, documents, window, bool(system_prompt))

@@ -7,18 +7,31 @@ keeps what was shown and the engine stops at its next round.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
+from parley.app import paste_budget
+from parley.app.engine_lifecycle import in_background
 from parley.app.streaming import ActiveReply
 from parley.app.widgets.message import ChatMessage
-from parley.engine.events import Done
+from parley.engine.events import Done, Notice
 from parley.engine.params import GenerationParams
 from parley.engine.protocol import SessionLike
 
 if TYPE_CHECKING:
     from parley.app.chat_app import ParleyApp
 
-INTERRUPTED_MARK = "\n\n*[reply interrupted]*"
+# Marks on a reply that did not finish: kept in the chat, the history and exports, never sent to the model
+# (it continues from the text it wrote, so its cached context still matches).
+INTERRUPTED_MARK = "\n\n*[reply interrupted]*"  # the app quit mid-reply
+STOPPED_MARK = "\n\n*(stopped)*"  # Esc
+
+
+def without_marks(content: str) -> str:
+    for mark in (INTERRUPTED_MARK, STOPPED_MARK):
+        content = content.removesuffix(mark)
+    return content
 
 
 class ReplyController:
@@ -33,8 +46,12 @@ class ReplyController:
     def mount(self) -> None:
         self._timer = self.app.set_interval(self.batch_interval, self.drain, pause=True)
 
-    async def start(self, session: SessionLike, messages: list[dict[str, str]], params: GenerationParams) -> None:
+    async def start(self, session: SessionLike, messages: list[dict[str, str]], params: GenerationParams,
+                    documents: dict[int, str] | None = None) -> None:
+        """Start a reply to `messages`; `documents` names the ones that carry a document (kept the longest)."""
         app = self.app
+        engine = app.engine
+        assert engine is not None
         app.chat.anchor()
         view = ChatMessage("assistant")
         await app.chat.mount(view)
@@ -44,13 +61,17 @@ class ReplyController:
         app.generating = True
         app.panel.reply_progress(0)
         self._timer.resume()
-        app.run_worker(lambda: self._run(session, messages, params, reply), thread=True, group="reply",
-                       exit_on_error=False)
+        fit = partial(paste_budget.fit_conversation, engine.count_tokens, engine.context_window, messages,
+                      documents or {}, session.system_prompt or "", params.max_new_tokens)
+        in_background(app, lambda: self._run(session, fit, params, reply), "parley-reply")
 
-    def _run(self, session: SessionLike, messages: list[dict[str, str]], params: GenerationParams,
-             reply: ActiveReply) -> None:
+    def _run(self, session: SessionLike, fit: Callable[[], tuple[list[dict[str, str]], str | None]],
+             params: GenerationParams, reply: ActiveReply) -> None:
         # One reply at a time, even while a cancelled one winds down: the engine waits (SessionLike.reply).
         try:
+            messages, left_out = fit()  # counting tokens takes a moment: here, off the UI thread
+            if left_out:
+                reply.buffer.push(Notice(left_out))
             for event in session.reply(messages, params, reply.cancel):
                 reply.buffer.push(event)
                 if isinstance(event, Done):
@@ -72,6 +93,10 @@ class ReplyController:
         for text in batch.notices:
             app.notify(text, severity="warning", markup=False)
         if batch.stats is not None:
+            note = getattr(batch.stats, "speculation_note", "")  # e.g. auto turned a slow drafter off
+            if note and note not in reply.notes:
+                reply.notes.add(note)
+                app.notify(note, title="Speculation", severity="warning", timeout=10, markup=False)
             reply.has_stats = True
             app.status.live = None
             app.status.stats = batch.stats
@@ -79,6 +104,7 @@ class ReplyController:
                 app.status.context_used = batch.stats.context_tokens
         elif not reply.has_stats:
             app.status.live = reply.buffer.live_figures()
+        app.status.prefill = reply.buffer.prefill_figures()
         app.panel.reply_progress(reply.buffer.tokens)
         if batch.done is not None:
             await self.finish(reply, batch.done)
@@ -92,9 +118,10 @@ class ReplyController:
         self._timer.pause()
         app.generating = False
         app.status.live = None
+        app.status.prefill = None
         app.panel.reply_progress(None)
-        if interrupted and reply.view.content:
-            await reply.view.append(INTERRUPTED_MARK)
+        if reply.view.content and done.reason == "cancelled":
+            await reply.view.append(INTERRUPTED_MARK if interrupted else STOPPED_MARK)
         await reply.view.finish()
         if reply.view.content:
             assert app.conversation is not None

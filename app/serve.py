@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from parley.engine.events import Done, Stats, TextDelta, consume
-from parley.engine.params import SPECULATION_MODES, GenerationParams
+from parley.engine.params import SPECULATION_MODES, TEMPERATURE_MAX, GenerationParams
 
 DEFAULT_PORT = 8000
 DEFAULT_QUEUE_SIZE = 8
@@ -516,7 +516,7 @@ def parse_request(body: dict[str, Any], engine: Any, chat: bool) -> CompletionRe
     if body.get("n", 1) != 1:
         raise RequestError("n: only n=1 is supported (one engine, one reply)", "n")
     params = GenerationParams(temperature=1.0, top_p=1.0)  # the OpenAI API's defaults
-    _number(body, "temperature", params, 0.0, 2.0, "between 0 and 2 (0 = greedy)")
+    _number(body, "temperature", params, 0.0, TEMPERATURE_MAX, f"between 0 and {TEMPERATURE_MAX:g} (0 = greedy)")
     _number(body, "top_p", params, 0.0, 1.0, "in (0, 1]", low_open=True)
     _number(body, "min_p", params, 0.0, 1.0, "in [0, 1)", high_open=True)
     if body.get("top_k") is not None:

@@ -10,7 +10,9 @@ import time
 from dataclasses import dataclass, field
 
 from parley.app.widgets.message import ChatMessage
-from parley.engine.events import Done, Event, Notice, Stats, TextDelta
+from parley.engine.events import Done, Event, Notice, Prefill, Stats, TextDelta
+
+SHOW_PREFILL_AFTER_S = 1.0  # a prompt read faster than this needs no progress figure
 
 
 @dataclass
@@ -37,6 +39,7 @@ class ReplyBuffer:
         self.started = time.perf_counter()
         self.first_at: float | None = None
         self.last_at: float | None = None
+        self._prefill: list[tuple[float, Prefill]] = []  # (when, event): the first and the latest
 
     def push(self, event: Event) -> None:
         with self._lock:
@@ -55,6 +58,8 @@ class ReplyBuffer:
                 self.tokens = max(self.tokens, event.new_tokens)
             elif isinstance(event, Notice):
                 batch.notices.append(event.text)
+            elif isinstance(event, Prefill):
+                self._prefill[1:] = [(time.perf_counter(), event)]
             elif self._done is None:
                 self._done = event
 
@@ -67,6 +72,18 @@ class ReplyBuffer:
             return 0, 0.0, None
         rate = (n - 1) / (last - first) if n > 1 and last > first else 0.0
         return n, rate, first - self.started
+
+    def prefill_figures(self) -> tuple[int, int, float | None] | None:
+        """(tokens read, tokens to read, seconds left or None) while a long prompt is read and has taken over
+        a second; None otherwise. The estimate is the rate since the first chunk, so it follows a busy machine."""
+        with self._lock:
+            if not self._prefill or self.first_at is not None:
+                return None
+            (t0, first), (t1, last) = self._prefill[0], self._prefill[-1]
+        if time.perf_counter() - self.started < SHOW_PREFILL_AFTER_S:
+            return None
+        rate = (last.done - first.done) / (t1 - t0) if t1 > t0 and last.done > first.done else 0.0
+        return last.done, last.total, (last.total - last.done) / rate if rate else None
 
     def drain(self) -> Batch:
         """Everything since the last drain; `done` comes only with (or after) all text before it."""
@@ -86,3 +103,4 @@ class ActiveReply:
     cancel: threading.Event = field(default_factory=threading.Event)
     finished: bool = False
     has_stats: bool = False
+    notes: set[str] = field(default_factory=set)  # speculation notes already shown for this reply

@@ -41,4 +41,4 @@ def build_app(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     app = build_app(args)
     app.run()
-    return app.return_code or 0
+    return app.return_code or 0  # 1 after quitting from the "could not load the model" screen

@@ -1,18 +1,76 @@
 """`parley web`: the same chat app in a browser, served by textual-serve on 127.0.0.1 only.
 
-Each browser tab runs its own `parley chat` process with the flags given here; nothing listens beyond
-this machine.
+One `parley serve` holds the engine; each browser tab runs its own `parley chat --server` process over it,
+so a new tab opens at once instead of loading the model again. Nothing listens beyond this machine, and
+nothing outlives its tab: a tab's process leaves when its tab, the browser or `parley web` goes
+(`TabDriver`), and the engine's process when `parley web` does.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import os
 import shlex
+import signal
+import socket
+import subprocess
 import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+
+from textual.drivers.web_driver import WebDriver
 
 from parley.app import tui
 
 HOST = "127.0.0.1"
+# Once told to go (the tab closed, the browser or `parley web` gone, SIGTERM), a tab's process leaves within
+# this even when something in it does not wind down: nobody is left to show it to.
+LEAVE_WITHIN_S = 1.5
+
+
+class TabDriver(WebDriver):
+    """Textual's web driver, made to leave when its tab goes.
+
+    Textual's own keeps running when its stdin closes (the browser was killed, or `parley web` was): the input
+    thread ends and nothing else notices, so the app renders on for nobody. Here the end of input, the
+    server's `quit` and SIGTERM/SIGINT all quit the app the usual way (a reply in flight is saved, marked
+    interrupted) and, should that not finish in `LEAVE_WITHIN_S`, end the process.
+    """
+
+    _leaving = False
+
+    def start_application_mode(self) -> None:
+        super().start_application_mode()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self.leave)
+
+    def on_meta(self, packet_type: str, payload: dict[str, object]) -> None:
+        if packet_type == "quit":
+            self.leave()
+        else:
+            super().on_meta(packet_type, payload)
+
+    def run_input_thread(self) -> None:
+        super().run_input_thread()
+        if not self.exit_event.is_set():  # input ended while the app still runs: the tab is gone
+            self.leave()
+
+    def leave(self) -> None:
+        """Quit the app now (from any thread); end the process if that has not happened in time."""
+        if self._leaving:
+            return
+        self._leaving = True
+        timer = threading.Timer(LEAVE_WITHIN_S, os._exit, (0,))
+        timer.daemon = True
+        timer.start()
+        app = self._app
+        with contextlib.suppress(AttributeError, RuntimeError):  # no loop any more: the timer ends the process
+            app._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(app.run_action("quit")))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,13 +78,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tui.add_arguments(parser)
 
 
-def chat_command(args: argparse.Namespace) -> str:
-    """The `parley chat` command line each browser session runs, with the chat flags given here."""
-    chat = argparse.ArgumentParser()
-    tui.add_arguments(chat)
-    argv = [sys.executable, "-m", "parley.app.cli", "chat"]
-    for action in chat._actions:
-        if not action.option_strings or action.dest == "help":
+# The engine's flags: the shared `parley serve` takes them, the tabs do not.
+MODEL_FLAGS = ("model", "quant", "draft", "device", "compile", "kv_cache", "threads")
+
+
+def flags(args: argparse.Namespace, add: Callable[[argparse.ArgumentParser], None],
+          skip: tuple[str, ...] = ()) -> list[str]:
+    """The command-line flags, among those `add` defines, that `args` sets away from their defaults."""
+    parser = argparse.ArgumentParser()
+    add(parser)
+    argv: list[str] = []
+    for action in parser._actions:
+        if not action.option_strings or action.dest in ("help", *skip):
             continue
         value = getattr(args, action.dest, None)
         if value is None or value == action.default:
@@ -35,7 +98,65 @@ def chat_command(args: argparse.Namespace) -> str:
             argv.append(action.option_strings[-1])
         else:
             argv += [action.option_strings[-1], str(value)]
-    return shlex.join(argv)
+    return argv
+
+
+def chat_command(args: argparse.Namespace, server: str | None = None) -> str:
+    """The `parley chat` command line each browser tab runs: over `server` (the shared engine) when given,
+    with the chat flags given here."""
+    argv = [sys.executable, "-m", "parley.app.cli", "chat"]
+    if server is None:
+        return shlex.join(argv + flags(args, tui.add_arguments))
+    return shlex.join(argv + flags(args, tui.add_arguments, skip=(*MODEL_FLAGS, "server")) + ["--server", server])
+
+
+def serve_command(args: argparse.Namespace, port: int) -> list[str]:
+    """The one `parley serve` that holds the engine every tab talks to."""
+    from parley.app import cli
+
+    return [sys.executable, "-m", "parley.app.cli", "serve", "--host", HOST, "--port", str(port),
+            *flags(args, cli.add_model_arguments)]
+
+
+def die_with_parent() -> None:
+    """In a child, before exec: be sent SIGTERM when `parley web` ends, however it ends (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: stopping `parley web` still stops it (run's finally)
+        pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def start_engine(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str]:
+    """Start the shared `parley serve` (its loading progress shows on this terminal) and wait until it answers;
+    ValueError when it fails to start."""
+    port = free_port()
+    child = subprocess.Popen(serve_command(args, port), stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+    url = f"http://{HOST}:{port}/v1"
+    while child.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{url}/models", timeout=2):
+                return child, url
+        except OSError:
+            time.sleep(0.2)
+    raise ValueError(f"the model server for the tabs did not start (parley serve exited with {child.returncode}); "
+                     "see its message above")
+
+
+def stop(child: subprocess.Popen[bytes]) -> None:
+    child.terminate()
+    try:
+        child.wait(timeout=LEAVE_WITHIN_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 def serve(command: str, port: int, title: str = "Parley") -> None:
@@ -51,6 +172,15 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         print("parley: error: `parley web` needs textual-serve: pip install textual-serve", file=sys.stderr)
         return 2
-    print(f"parley: serving the chat app on http://{HOST}:{args.port} (Ctrl+C stops)", file=sys.stderr)
-    serve(chat_command(args), args.port)
+    engine = None
+    server = args.server
+    if server is None:  # one engine for every tab, instead of a model load per tab
+        print("parley: loading the model for the browser tabs…", file=sys.stderr)
+        engine, server = start_engine(args)
+    try:
+        print(f"parley: serving the chat app on http://{HOST}:{args.port} (Ctrl+C stops)", file=sys.stderr)
+        serve(chat_command(args, server), args.port)
+    finally:
+        if engine is not None:
+            stop(engine)
     return 0

@@ -9,6 +9,7 @@ not committed is rolled back for free, since the next forward overwrites it.
 from __future__ import annotations
 
 import time
+from collections.abc import Generator
 from typing import Protocol
 
 import torch
@@ -136,9 +137,20 @@ class CachedModel:
     def sync(self, ids: list[int]) -> int:
         """Make the cache hold exactly `ids`, reusing the longest common prefix; return how many
         tokens were reused."""
+        steps = self.sync_steps(ids)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as end:
+                return end.value
+
+    def sync_steps(self, ids: list[int]) -> Generator[int, None, int]:
+        """`sync`, yielding the tokens cached so far before each chunk: a caller can report progress, or stop
+        between chunks (the cache then holds a prefix of `ids`, consistent). Returns the tokens reused."""
         reused = common_prefix(self.ids, ids)
         self.rollback(reused)
         for i in range(reused, len(ids), PREFILL_CHUNK):
+            yield i
             chunk = ids[i : i + PREFILL_CHUNK]
             self.forward(chunk, last_only=True)
             self.commit(len(chunk))

@@ -46,12 +46,20 @@ class Notice:
 
 
 @dataclass(frozen=True)
+class Prefill:
+    """A long prompt is being read: `done` of `total` prompt tokens are in the cache (sent between chunks)."""
+
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
 class Done:
     reason: Literal["eos", "length", "cancelled", "error"]
     detail: str = ""
 
 
-Event = TextDelta | Stats | Notice | Done
+Event = TextDelta | Stats | Notice | Prefill | Done
 
 
 @dataclass

@@ -11,6 +11,10 @@ KV_CACHE_CHOICES = ("auto", "fp", "bf16", "int8", "k8v4")
 SPECULATION_MODES = ("off", "prompt-lookup", "suffix", "draft", "auto")
 
 
+# One range everywhere (command line, API, panel): OpenAI's. Above 2 the text is noise on every model we run.
+TEMPERATURE_MAX = 2.0
+
+
 @dataclass
 class GenerationParams:
     temperature: float = 0.7
@@ -32,7 +36,8 @@ class GenerationParams:
     def problems(self) -> list[tuple[str, str]]:
         """(field, message) for every field out of range; empty when all are valid."""
         checks = [
-            ("temperature", _number(self.temperature, 0.0, 10.0), "a number between 0 and 10 (0 = greedy)"),
+            ("temperature", _number(self.temperature, 0.0, TEMPERATURE_MAX),
+             f"a number between 0 and {TEMPERATURE_MAX:g} (0 = greedy)"),
             ("top_p", _number(self.top_p, 0.0, 1.0) and self.top_p > 0, "a number in (0, 1] (1 = off)"),
             ("top_k", _integer(self.top_k, 0), "0 (off) or a positive integer"),
             ("min_p", _number(self.min_p, 0.0, 1.0) and self.min_p < 1, "a number in [0, 1) (0 = off)"),

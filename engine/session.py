@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 from ..models.chat_template import RenderCancelled
 from . import sampling
-from .events import Done, Event, Notice, Stats, TextDelta
+from .cached_model import PREFILL_CHUNK
+from .events import Done, Event, Notice, Prefill, Stats, TextDelta
 from .params import GenerationParams, checked
 from .reply_stats import ReplyStats
 from .speculation_pay import PayCheck, best_length
@@ -73,7 +74,11 @@ class Session:
                                  f"{target.max_len}. Start a new chat or shorten the message.")
             return
         # Prefill everything but the last prompt token; that one is the first input of round one.
-        figures.reused_tokens = target.sync(ids[:-1])
+        reused = yield from self._prefill(ids[:-1], cancel)
+        if reused is None:
+            yield Done("cancelled")
+            return
+        figures.reused_tokens = reused
         figures.prompt_tokens = len(ids) - figures.reused_tokens
         pending, generator, stream = ids[-1], sampling.make_generator(params.seed), eng.tokenizer.stream()
         adapt, rejected = AdaptiveDraftLength(params.draft_tokens), None
@@ -126,6 +131,22 @@ class Session:
             yield TextDelta(tail)
         yield self._stats(figures, pending=reason != "eos")  # the final figures: the last Stats of a reply
         yield Done(reason, detail)  # type: ignore[arg-type]
+
+    def _prefill(self, ids: list[int], cancel: threading.Event) -> Iterator[Event]:
+        """Put `ids` in the cache chunk by chunk; more than a chunk to read reports `Prefill` progress (tokens of
+        this reply's prompt read, of those to read), and a cancel stops between chunks. Returns the tokens
+        reused, or None when cancelled."""
+        steps, start = self.engine.target.sync_steps(ids), None
+        while True:
+            try:
+                at = next(steps)
+            except StopIteration as end:
+                return end.value
+            if cancel.is_set():
+                return None
+            start = at if start is None else start  # the first chunk starts after the reused prefix
+            if len(ids) - start > PREFILL_CHUNK:
+                yield Prefill(at - start, len(ids) - start)
 
     def _end(self, cancel: threading.Event, params: GenerationParams, budget: int) -> tuple[str, str] | None:
         """Why the reply ends before this round, if it does."""

@@ -10,7 +10,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 
-from parley.engine.events import Done, Notice, Stats, TextDelta
+from parley.engine.events import Done, Notice, Prefill, Stats, TextDelta
 from parley.engine.params import GenerationParams
 from parley.engine.protocol import Capabilities
 from parley.models.progress import Progress, ProgressFn
@@ -53,6 +53,16 @@ class FakeSession:
         cancel = cancel or threading.Event()
         prompt_tokens = sum(engine.count_tokens(m["content"]) for m in messages)
         hold_at = engine.hold_at if len(engine.calls) == 1 else None
+        for done in range(0, engine.prefill_tokens, 512):  # a long prompt, read chunk by chunk
+            yield Prefill(done, engine.prefill_tokens)
+            if done == 512 and len(engine.calls) == 1:
+                engine.holding.set()  # a test looks at the progress for as long as it needs
+                while not engine.release.wait(0.01) and not cancel.is_set():
+                    pass
+            if cancel.wait(engine.delay) or cancel.is_set():
+                call.reason = "cancelled"
+                yield Done("cancelled")
+                return
         for i, token in enumerate(tokens):
             call.snapshots.append(params.snapshot())
             if i == engine.fail_at:
@@ -110,7 +120,7 @@ class FakeEngine:
                  fail_at: int | None = None, stats_every: int | None = 8, model_name: str | None = None,
                  quantization: str | None = None, capabilities: Capabilities | None = None,
                  notices: dict[int, str] | None = None, drafted: bool = False,
-                 stop_at_window: bool = False, hold_at: int | None = None) -> None:
+                 stop_at_window: bool = False, hold_at: int | None = None, prefill_tokens: int = 0) -> None:
         self.replies = replies or [DEFAULT_REPLY]
         self.delay = delay
         self.context_window = context_window
@@ -127,6 +137,9 @@ class FakeEngine:
         # Hold the first reply before its token `hold_at` (that round's params already read) until
         # `release` is set; `holding` says it got there. Only the first reply holds.
         self.hold_at = hold_at
+        # Report reading a prompt of this many tokens (Prefill events, 512 a chunk) before the first token;
+        # the first reply holds at the second chunk like `hold_at`.
+        self.prefill_tokens = prefill_tokens
         self.holding = threading.Event()
         self.release = threading.Event()
         self.calls: list[ReplyCall] = []

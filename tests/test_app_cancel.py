@@ -1,10 +1,13 @@
-"""Esc stops at once and keeps what was shown; the next reply sees exactly that as the assistant turn."""
+"""Esc stops at once and keeps what was shown, marked "(stopped)" in the chat, the history and exports; the next
+reply sees exactly the text that was shown (without the mark) as the assistant turn."""
 
 from __future__ import annotations
 
 import pytest
 from app_support import make_app, ready, send, wait_until
 from fake_engine import FakeEngine
+
+from parley.app.reply_controller import STOPPED_MARK
 
 pytestmark = pytest.mark.anyio
 
@@ -18,7 +21,8 @@ async def test_escape_cancels_and_next_reply_is_consistent(tmp_path):
         await pilot.press("escape")
         assert not app.generating  # at once, not at the engine's leisure
         shown = app.chat.messages[1].content
-        assert shown and shown != "word " * 200
+        assert shown.endswith(STOPPED_MARK) and shown != "word " * 200
+        assert "(stopped)" in str(app.chat.messages[1].query_one(".message--body").source)
         await wait_until(lambda: engine.calls[0].reason == "cancelled")
         await pilot.pause(0.1)
         assert app.chat.messages[1].content == shown  # nothing arrives after the stop
@@ -26,12 +30,13 @@ async def test_escape_cancels_and_next_reply_is_consistent(tmp_path):
         await wait_until(lambda: len(engine.calls) == 2 and not app.generating)
         assert engine.calls[1].messages == [
             {"role": "user", "content": "Talk a lot"},
-            {"role": "assistant", "content": shown},
+            {"role": "assistant", "content": shown.removesuffix(STOPPED_MARK)},
             {"role": "user", "content": "Thanks"},
         ]
         # What was shown is also what history keeps.
         stored = app.store.messages(app.conversation.id)
         assert [m.content for m in stored] == ["Talk a lot", shown, "Thanks", "Done."]
+        assert shown in app.store.export_markdown(app.conversation.id)
 
 
 async def test_escape_before_first_token_keeps_the_turn_and_says_so(tmp_path):

@@ -44,7 +44,7 @@ async def _check_progress(app, pilot, gate, engine) -> None:
     await wait_until(lambda: app.engine is engine and not isinstance(app.screen, LoadingScreen))
     await pilot.pause()
     assert app.prompt.has_focus
-    assert "fake-smol-135m · awq-int4" in str(app.status.render())
+    assert "fake-smol-135m · INT4 (AWQ)" in str(app.status.render())
 
 
 async def test_error_shows_what_to_do_and_retry_works(tmp_path):

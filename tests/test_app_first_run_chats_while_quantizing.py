@@ -76,8 +76,8 @@ async def test_chat_starts_on_fp_and_switches_to_int4_between_replies(tmp_path):
     async with app.run_test(size=(120, 30)) as pilot:
         await ready(app, pilot)
         assert not isinstance(app.screen, LoadingScreen)  # no wait for the quantization
-        assert app.engine is loads.fp and "smol · none" in str(app.status.render())
-        await wait_until(lambda: "INT4 in the background: layer 3/30" in str(app.status.render()))
+        assert app.engine is loads.fp and "smol · full precision" in str(app.status.render())
+        await wait_until(lambda: "making INT4: layer 3 of 30" in str(app.status.render()))
         await send(app, pilot, "hi")
         await wait_until(loads.fp.holding.is_set)
         loads.finish.set()
@@ -86,8 +86,8 @@ async def test_chat_starts_on_fp_and_switches_to_int4_between_replies(tmp_path):
         loads.fp.release.set()
         await wait_until(lambda: app.engine is loads.int4 and not app.generating)
         assert app.chat.messages[-1].content == "from the fp model"
-        assert any("Switched to smol · awq-int4" in str(n.message) for n in app._notifications)
-        assert "smol · awq-int4" in str(app.status.render())
+        assert any("Switched to smol · INT4 (AWQ)" in str(n.message) for n in app._notifications)
+        assert "smol · INT4 (AWQ)" in str(app.status.render())
         await send(app, pilot, "again")
         await wait_until(lambda: loads.int4.calls and not app.generating)
         # The INT4 engine reads the whole conversation, the fp model's reply included.

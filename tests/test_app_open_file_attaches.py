@@ -22,9 +22,14 @@ async def test_open_file_attaches_it(tmp_path):
         await pilot.press("enter")
         await wait_until(lambda: app.attachment is not None and app.attachment.tokens is not None)
         assert app.attachment.text == "first\nsecond\nthird\n" and app.prompt.has_focus
+        # Labelled with the file's name (it used to say "pasted: 4 lines"), above the prompt and in the chat.
+        label = str(app.attachment.query_one("#attachment-label").render())
+        assert label.startswith("report.md: 4 lines")
         await pilot.press("w", "h", "y", "enter")
         await wait_until(lambda: engine.calls and not app.generating)
         assert engine.calls[0].messages[0]["content"].startswith("first\nsecond\nthird")
+        sent = str(app.chat.messages[0].query_one(".message--attachment").render())
+        assert sent.startswith("report.md: 4 lines")
 
 
 @pytest.mark.parametrize("kind", ["missing", "binary"])

@@ -15,13 +15,13 @@ REPLY = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu"
 async def test_status_names_the_drafter_and_updates_acceptance_mid_reply(tmp_path):
     engine = FakeEngine(replies=[REPLY], stats_every=4, hold_at=9)
     app, _ = make_app(tmp_path, engine)
-    async with app.run_test(size=(140, 30)) as pilot:
+    async with app.run_test(size=(160, 30)) as pilot:
         await ready(app, pilot)
         await send(app, pilot, "go")
         await wait_until(lambda: engine.holding.is_set() and app.status.stats is not None
                          and app.status.stats.new_tokens == 8)
         assert app.generating  # figures from the engine while the reply is still running
-        assert "acc prompt lookup 75% 2.4/pass" in str(app.status.render())
+        assert "speculating: prompt lookup · 75% of guesses kept · 2.4 tokens per step" in str(app.status.render())
         engine.release.set()
         await wait_until(lambda: not app.generating)
         assert app.status.stats.new_tokens == len(split_tokens(REPLY))
@@ -43,13 +43,16 @@ async def test_drafted_characters_are_highlighted_only_when_asked(tmp_path):
         await pilot.press("ctrl+t")
         await pilot.pause()
         assert view.display and not reply.body.display
+        # Why the reply looks raw is said where it shows (the toggle persists across restarts).
+        note = reply.query_one(".message--drafts-note")
+        assert note.display and "Ctrl+T" in str(note.render())
         text = reply.drafts_text()  # what the view shows: the reply, drafted characters highlighted
         assert [(s.start, s.end) for s in text.spans] == reply.drafted and text.plain == REPLY
         assert REPLY.split()[1] in app.export_screenshot()
         assert app.settings.get("show_drafts") is True  # kept for the next start
         await pilot.press("ctrl+t")
         await pilot.pause()
-        assert not view.display and reply.body.display
+        assert not view.display and reply.body.display and not note.display
 
 
 async def test_engine_notices_are_shown(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 
 from parley.engine.params import GenerationParams, checked
 
-BAD = [("temperature", -1.0), ("temperature", 11.0), ("temperature", math.nan), ("temperature", math.inf),
+BAD = [("temperature", -1.0), ("temperature", 2.5), ("temperature", math.nan), ("temperature", math.inf),
        ("top_p", 0.0), ("top_p", 1.5), ("top_p", math.nan), ("top_k", -3), ("top_k", 2.5),
        ("min_p", 1.0), ("min_p", 1.5), ("min_p", -0.1), ("repeat_penalty", 0.0), ("repeat_penalty", -1.1),
        ("repeat_penalty", math.inf), ("repeat_last_n", -2), ("repeat_last_n", 1.5),

@@ -19,14 +19,17 @@ def code_blocks(markdown: str) -> list[str]:
     return [m.group(2).rstrip("\n") for m in _FENCE.finditer(markdown)]
 
 
-def attachment_label(text: str, tokens: int | None, *, counting: bool = True) -> str:
-    """'pasted: 214 lines, 1,870 tokens' — the compact form of a pasted document."""
+def attachment_label(text: str, tokens: int | None, *, counting: bool = True, name: str | None = None) -> str:
+    """'pasted: 214 lines, 1,870 tokens' (or 'report.md: …' for an opened file): a document in brief."""
     lines = text.count("\n") + 1
     if tokens is not None:
         count = f"{tokens:,} tokens"
     else:
         count = "counting tokens…" if counting else f"{len(text):,} characters"
-    return f"pasted: {lines:,} line{'s' if lines != 1 else ''}, {count}"
+    return f"{name or 'pasted'}: {lines:,} line{'s' if lines != 1 else ''}, {count}"
+
+
+DRAFTS_NOTE = "Plain text, with the tokens guessed by speculation highlighted · Ctrl+T: back to formatted"
 
 
 class ChatMessage(Vertical, can_focus=True):
@@ -38,12 +41,13 @@ class ChatMessage(Vertical, can_focus=True):
     ]
 
     def __init__(self, role: str, content: str = "", attachment: str | None = None,
-                 attachment_tokens: int | None = None) -> None:
+                 attachment_tokens: int | None = None, attachment_name: str | None = None) -> None:
         super().__init__(classes=f"message -{role}")
         self.role = role
         self.content = content
         self.attachment = attachment
         self.attachment_tokens = attachment_tokens
+        self.attachment_name = attachment_name  # the file's name, when it was opened rather than pasted
         self.db_id: int | None = None
         self.drafted: list[tuple[int, int]] = []  # (start, end) of characters from accepted draft tokens
         self._stream: MarkdownStream | None = None
@@ -52,11 +56,15 @@ class ChatMessage(Vertical, can_focus=True):
     def compose(self) -> ComposeResult:
         yield Label("You" if self.role == "user" else "Assistant", classes="message--role")
         if self.attachment is not None:
-            label = attachment_label(self.attachment, self.attachment_tokens, counting=False)
+            label = attachment_label(self.attachment, self.attachment_tokens, counting=False,
+                                     name=self.attachment_name)
             yield Label(label, classes="message--attachment", markup=False)
         yield Markdown(self.content, classes="message--body")
         if self.role == "assistant":
-            yield Static(classes="message--drafts")  # the optional "colour drafted tokens" view
+            # The optional "colour drafted tokens" view, under a line saying why the reply looks raw: the
+            # setting persists, and a user who forgot turning it on must see what it is and how to undo it.
+            yield Static(DRAFTS_NOTE, classes="message--drafts-note", markup=False)
+            yield Static(classes="message--drafts")
 
     def drafts_text(self) -> Text:
         """The reply as plain text, with the characters that came from accepted drafts highlighted."""

@@ -15,7 +15,7 @@ from textual.message import Message
 from textual.widgets import Input, Label, Select, Static
 
 from parley.app.widgets.slider import Slider
-from parley.engine.params import KV_CACHE_CHOICES, SPECULATION_MODES, GenerationParams
+from parley.engine.params import KV_CACHE_CHOICES, SPECULATION_MODES, TEMPERATURE_MAX, GenerationParams
 from parley.engine.protocol import Capabilities
 
 # Repetition control (llama.cpp / OpenAI semantics); read with these defaults until every engine has them.
@@ -37,7 +37,7 @@ class SliderSpec:
 
 
 SLIDERS = (
-    SliderSpec("temperature", "Temperature", 0.0, 2.0, 0.05),
+    SliderSpec("temperature", "Temperature", 0.0, TEMPERATURE_MAX, 0.05),
     SliderSpec("top_p", "Top-p", 0.05, 1.0, 0.01, off_at=1.0),
     SliderSpec("top_k", "Top-k", 0, 100, 1, off_at=0),
     SliderSpec("min_p", "Min-p", 0.0, 0.5, 0.01, off_at=0.0),
@@ -49,6 +49,15 @@ SLIDERS = (
 )
 SPECULATION_LABELS = {"off": "Off", "prompt-lookup": "Prompt lookup", "suffix": "Suffix match", "draft": "Draft model",
                       "auto": "Auto"}
+# What each choice does, in one line (the answer is the same whichever is chosen: only the speed differs).
+SPECULATION_HELP = {
+    "off": "One token per pass of the model.",
+    "prompt-lookup": "Guesses the next words by copying from the conversation; fast on code and quotes.",
+    "suffix": "Guesses from everything said so far (your pastes and its own replies), ranked by how often it recurred.",
+    "draft": "A small draft model guesses ahead; the model keeps the guesses it agrees with.",
+    "auto": "Uses the draft model if one is loaded, else prompt lookup; turns itself off if it slows down.",
+}
+NO_DRAFT = "Draft model: none is loaded (start with --draft MODEL, e.g. --draft self)."
 
 
 def format_value(spec: SliderSpec, value: float) -> str:
@@ -74,6 +83,7 @@ class ParamsPanel(VerticalScroll):
         # Tokens of the streaming reply (None between replies), so the panel can say where a change lands.
         self.live_tokens: int | None = None
         self.live_params = True  # False: the backend reads parameters once per reply
+        self.has_draft: bool | None = None  # None: unknown (a remote server decides)
         self._pending: tuple[str, object, int] | None = None  # a change made mid-reply, not yet seen applied
         self._ready = False
 
@@ -85,8 +95,9 @@ class ParamsPanel(VerticalScroll):
             yield Slider(value, minimum=spec.minimum, maximum=spec.maximum, step=spec.step,
                          id=f"slider-{spec.attr}")
         yield Label("Speculation", classes="param--label")
-        yield Select([(SPECULATION_LABELS[m], m) for m in SPECULATION_MODES], value=self.params.speculation,
+        yield Select(self._speculation_options(), value=self.params.speculation,
                      allow_blank=False, id="speculation", compact=True)
+        yield Static(self._speculation_help(), id="speculation-help", classes="param--help")
         yield Label("KV cache (next reply)", classes="param--label")
         yield Select([(k, k) for k in KV_CACHE_CHOICES], value="auto", allow_blank=False,
                      id="kv-cache", compact=True)
@@ -103,6 +114,25 @@ class ParamsPanel(VerticalScroll):
 
     def _set_ready(self) -> None:
         self._ready = True
+
+    def _speculation_options(self) -> list[tuple[str, str]]:
+        """Every mode, but "Draft model" only when a draft model is there to run."""
+        return [(SPECULATION_LABELS[m], m) for m in SPECULATION_MODES if m != "draft" or self.has_draft is not False]
+
+    def _speculation_help(self) -> str:
+        line = SPECULATION_HELP.get(self.params.speculation, "")
+        return f"{line}\n{NO_DRAFT}" if self.has_draft is False else line
+
+    def set_draft_model(self, loaded: bool | None) -> None:
+        """Offer "Draft model" only with one loaded; say why not otherwise. A saved choice of it falls back to
+        auto (which would run the same drafter: prompt lookup) rather than running silently without one."""
+        self.has_draft = loaded
+        select = self.query_one("#speculation", Select)
+        if loaded is False and self.params.speculation == "draft":
+            self.params.speculation = "auto"
+        select.set_options(self._speculation_options())
+        select.value = self.params.speculation
+        self.query_one("#speculation-help", Static).update(self._speculation_help())
 
     @staticmethod
     def _label_text(spec: SliderSpec, value: float) -> str:
@@ -140,7 +170,12 @@ class ParamsPanel(VerticalScroll):
             value = param(self.params, spec.attr)
             self.query_one(f"#slider-{spec.attr}", Slider).value = value
             self.query_one(f"#label-{spec.attr}", Label).update(self._label_text(spec, value))
+        if self.has_draft is False and self.params.speculation == "draft":
+            self.params.speculation = "auto"
         self.query_one("#speculation", Select).value = self.params.speculation
+        self.query_one("#speculation-help", Static).update(self._speculation_help())
+        self._pending = None
+        self.query_one("#applied", Static).update("")  # a note about the values just replaced is stale
         self.query_one("#seed", Input).value = "" if self.params.seed is None else str(self.params.seed)
         self.query_one("#max-tokens", Input).value = str(self.params.max_new_tokens)
 
@@ -158,6 +193,7 @@ class ParamsPanel(VerticalScroll):
                 engine.set_kv_cache(event.value)  # the engine's choice, not a live parameter: from the next reply
         elif event.value in SPECULATION_MODES:
             self._apply("speculation", event.value)
+            self.query_one("#speculation-help", Static).update(self._speculation_help())
 
     def on_input_changed(self, event: Input.Changed) -> None:
         event.stop()

@@ -1,4 +1,9 @@
-"""One line of live figures: speed, latency, speculation, context; the model on the right."""
+"""One line of live figures: speed, latency, speculation, context; the model on the right.
+
+Everything is said in words a newcomer reads without a glossary ("speculating: prompt lookup · 70% of
+guesses kept · 2.8 tokens per step", "INT4 (AWQ)"), and what matters most survives a narrow terminal: the
+model on the right stays whole, background work next to it, the figures give way first.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,33 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from parley.engine.events import Stats
+
+QUANTIZATION_WORDS = {"awq-int4": "INT4 (AWQ)", "none": "full precision", "remote": "on a server", "": ""}
+
+
+def quantization_words(quantization: str) -> str:
+    """'INT4 (AWQ)' for 'awq-int4', 'full precision' for 'none': what the user sees of the engine's term."""
+    if quantization in QUANTIZATION_WORDS:
+        return QUANTIZATION_WORDS[quantization]
+    method, _, bits = quantization.rpartition("-")
+    return f"{bits.upper()} ({method.upper()})" if method and bits.startswith("int") else quantization
+
+
+def model_words(model: str, quantization: str) -> str:
+    words = quantization_words(quantization)
+    return f"{model} · {words}" if words else model
+
+
+def speculation_words(stats: Stats) -> str:
+    """'speculating: prompt lookup · 70% of guesses kept · 2.8 tokens per step'."""
+    drafter = getattr(stats, "drafter", "") or "on"
+    return (f"speculating: {drafter} · {stats.acceptance_rate:.0%} of guesses kept · "
+            f"{stats.tokens_per_target_pass:.1f} tokens per step")
+
+
+def duration_words(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
 
 
 class StatusBar(Widget):
@@ -22,16 +54,22 @@ class StatusBar(Widget):
     generating: reactive[bool] = reactive(False)
     # While a reply streams and before its Stats arrive: (tokens, tokens/s, ttft) measured by the UI.
     live: reactive[tuple[int, float, float | None] | None] = reactive(None)
-    # Work going on behind the chat, e.g. "AWQ INT4 in the background: layer 12/30".
+    # A long prefill: (tokens done, tokens in all, seconds left or None while unknown).
+    prefill: reactive[tuple[int, int, float | None] | None] = reactive(None)
+    # Work going on behind the chat, e.g. "INT4 in the background: layer 12 of 30".
     background: reactive[str] = reactive("")
 
     def figures(self) -> list[str]:
         s = self.stats
         parts = []
-        if self.live is not None:
+        if self.prefill is not None:
+            done, total, left = self.prefill
+            eta = f" · about {duration_words(left)} left" if left is not None else ""
+            parts.append(f"reading the prompt {done / max(total, 1):.0%}{eta} (Esc cancels)")
+        elif self.live is not None:
             tokens, rate, ttft = self.live
             if ttft is None:
-                parts.append("prefilling…")
+                parts.append("reading the prompt…")
             else:
                 parts.append(f"~{rate:.1f} tok/s")
                 parts.append(f"ttft {ttft:.2f}s")
@@ -44,25 +82,26 @@ class StatusBar(Widget):
         if window:
             parts.append(f"ctx {min(self.context_used, window):,}/{window:,}")
         if s is not None and s.proposed:
-            drafter = f" {s.drafter}" if s.drafter else ""
-            parts.append(f"acc{drafter} {s.acceptance_rate:.0%} {s.tokens_per_target_pass:.1f}/pass")
-        if self.background:
-            parts.append(self.background)
+            parts.append(speculation_words(s))
         return parts
 
     def render(self) -> Text:
-        model = self.model + (f" · {self.quantization}" if self.quantization else "")
+        right = Text(no_wrap=True)
+        if self.background:
+            right.append(self.background)
+            right.append(" │ ", "dim")
+        right.append(model_words(self.model, self.quantization), "italic")
+        width = self.content_size.width
+        if right.cell_len > width:  # background work gives way only once the figures have gone
+            right.truncate(width, overflow="ellipsis")
         left = Text(no_wrap=True, overflow="ellipsis")
         if self.generating:
             left.append("● ", "bold")
         for i, part in enumerate(self.figures()):
             if i:
                 left.append(" │ ", "dim")
-            left.append(part, "bold" if i == 0 and (self.stats or self.live) else "")
-        # The model stays whole on the right; the figures give way first in a narrow terminal.
-        width = self.content_size.width
-        room = max(0, width - cell_len(model) - 2)
+            left.append(part, "bold" if i == 0 and (self.stats or self.live or self.prefill) else "")
+        room = max(0, width - right.cell_len - 2)
         left.truncate(room, overflow="ellipsis")
-        left.pad_right(max(0, width - left.cell_len - cell_len(model)))
-        left.append(model, "italic")
-        return left
+        left.pad_right(max(0, width - left.cell_len - cell_len(right.plain)))
+        return left + right
