@@ -50,6 +50,7 @@ struct Layer {
     Lin o;                   // N = dim
     Lin gate_up;             // fused and interleaved by 16 columns: gate[16], up[16], gate[16], ...
     Lin down;
+    int32_t window;          // sliding-window attention: position p attends keys (p - window, p]; 0 = global
 };
 
 struct Model {
@@ -870,6 +871,39 @@ static void attend_combine(const float* parts, int nblocks, int nq, int D, float
     }
 }
 
+// The first key position p attends: p - window + 1 under a sliding window (window > 0), else 0.
+static inline int first_key(int p, int window) { return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0; }
+
+// Every (kv head, key block, position) partial of a pass: parts [M][KVH][nblk][G][D + 2], slot b of position m
+// holding keys [max(b * ATT_BLOCK, first key), min((b + 1) * ATT_BLOCK, p + 1)). Work items are (kv head, key
+// block, up to 32 positions in turn), so a block is read once for those positions. A partial depends only on
+// its position, never on the pass. Queries: head i of position m at q + m * ldq + i * D. Inside a parallel region.
+static void attend_blocks(const Cache* c, const KV* kv, int M, const int64_t* positions, int H, int KVH, int D,
+                          int window, const float* q, int ldq, float scale, int nblk, float* parts, float* scores) {
+    const int G = H / KVH, mgroups = (M + 31) / 32;
+    const size_t part_stride = (size_t)G * (D + 2);
+#pragma omp for schedule(dynamic, 1)
+    for (int t = 0; t < KVH * nblk * mgroups; t++) {
+        const int h = t / (nblk * mgroups), b = t / mgroups % nblk, g = t % mgroups;
+        for (int m = g * 32; m < std::min(M, g * 32 + 32); m++) {
+            const int p = (int)positions[m], lo = first_key(p, window);
+            if (b * ATT_BLOCK > p || (b + 1) * ATT_BLOCK <= lo) continue;
+            attend_block(c, kv, h, std::max(lo, b * ATT_BLOCK), std::min(p + 1, (b + 1) * ATT_BLOCK), D, G,
+                         q + (size_t)m * ldq + h * G * D, scale,
+                         parts + ((size_t)m * KVH + h) * nblk * part_stride + b * part_stride,
+                         scores + (size_t)omp_get_thread_num() * G * ATT_BLOCK);
+        }
+    }
+}
+
+// One position's attention output [H][D] from its partials (`parts` = that position's [KVH][nblk] slots).
+static void attend_merge(int KVH, int G, int D, int window, int p, int nblk, const float* parts, float* out) {
+    const size_t part_stride = (size_t)G * (D + 2);
+    const int b0 = first_key(p, window) / ATT_BLOCK, b1 = p / ATT_BLOCK;
+    for (int h = 0; h < KVH; h++)
+        attend_combine(parts + ((size_t)h * nblk + b0) * part_stride, b1 - b0 + 1, G, D, out + (size_t)h * G * D);
+}
+
 // out[j] = silu(gate[j]) * up[j] from the gate/up product interleaved by 16 columns.
 static void silu_mul_row(const float* r, int I, float* out) {
 #if PARLEY_VNNI
@@ -945,8 +979,42 @@ extern "C" int parley_linear(const Lin* L, int M, const float* x, float* y) {
     return 0;
 }
 
+// One layer's attention alone, for tests against an independent reference: writes k, v [M][KVH][D] of the M
+// positions into `layer` of the cache (their stored form), then out [M][H][D] = attention of q [M][H][D].
+extern "C" int parley_attention(const Cache* cache, int layer, int M, const int64_t* positions, int H, int KVH, int D,
+                                int window, const float* q, const float* k, const float* v, float* out) {
+    if (D > 512 || D % 32 || H % KVH || H / KVH > 8) return -2;
+    int max_p = 0;
+    for (int m = 0; m < M; m++) {
+        if (positions[m] < 0 || positions[m] >= cache->max_len) return -1;
+        max_p = std::max(max_p, (int)positions[m]);
+    }
+    if (g_threads > 0) omp_set_num_threads(g_threads);
+    const KV* kv = cache->layers + layer;
+    const int nblk = max_p / ATT_BLOCK + 1, G = H / KVH;
+    const size_t part_stride = (size_t)G * (D + 2);
+    float* parts = (float*)scratch((size_t)M * KVH * nblk * part_stride * 4);
+    float* scores = (float*)scratch((size_t)omp_get_max_threads() * G * ATT_BLOCK * 4);
+    const float scale = 1.0f / std::sqrt((float)D);
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; m++)
+            for (int h = 0; h < KVH; h++)
+                kv_write(cache, kv, h, (int)positions[m], D, k + ((size_t)m * KVH + h) * D, v + ((size_t)m * KVH + h) * D);
+        attend_blocks(cache, kv, M, positions, H, KVH, D, window, q, H * D, scale, nblk, parts, scores);
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; m++)
+            attend_merge(KVH, G, D, window, (int)positions[m], nblk, parts + (size_t)m * KVH * nblk * part_stride,
+                         out + (size_t)m * H * D);
+    }
+    std::free(parts);
+    std::free(scores);
+    return 0;
+}
+
 // logits [M or 1][vocab] for `tokens` at `positions`; writes their K/V into `cache` (slots = positions).
-// Attention of position p reads slots 0..p. `last_only`: the head for the last position only.
+// Attention of position p reads slots 0..p (or its layer's window of them). `last_only`: the head for the last position only.
 extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const int64_t* tokens, const int64_t* positions,
                    int last_only, float* logits) {
     const int dim = md->dim, H = md->n_heads, KVH = md->n_kv_heads, D = md->head_dim, I = md->inter;
@@ -966,7 +1034,7 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
     const int nthreads = omp_get_max_threads();
     int max_p = 0;
     for (int m = 0; m < M; m++) max_p = std::max(max_p, (int)positions[m]);
-    const int nblk = max_p / ATT_BLOCK + 1, G = H / KVH, mgroups = (M + 31) / 32;
+    const int nblk = max_p / ATT_BLOCK + 1, G = H / KVH;
     const size_t part_stride = (size_t)G * (D + 2);  // one block's partial for one kv head
     float* parts = (float*)scratch((size_t)M * KVH * nblk * part_stride * 4);
     float* att_scores = (float*)scratch((size_t)nthreads * G * ATT_BLOCK * 4);
@@ -1004,23 +1072,11 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
             for (int h = 0; h < KVH; h++)
                 kv_write(cache, kv, h, p, D, row + (H + h) * D, row + (H + KVH + h) * D);
         }
-#pragma omp for schedule(dynamic, 1)
-        for (int t = 0; t < KVH * nblk * mgroups; t++) {  // (kv head, key block, up to 32 positions in turn:
-            const int h = t / (nblk * mgroups), b = t / mgroups % nblk, g = t % mgroups;  // the block is read once)
-            for (int m = g * 32; m < std::min(M, g * 32 + 32); m++) {
-                const int p = (int)positions[m];
-                if (b * ATT_BLOCK > p) continue;
-                attend_block(cache, kv, h, b * ATT_BLOCK, std::min(p + 1, (b + 1) * ATT_BLOCK), D, G,
-                             qkv + (size_t)m * QKV + h * G * D, scale,
-                             parts + ((size_t)m * KVH + h) * nblk * part_stride + b * part_stride,
-                             att_scores + (size_t)omp_get_thread_num() * G * ATT_BLOCK);
-            }
-        }
+        attend_blocks(cache, kv, M, positions, H, KVH, D, L->window, qkv, QKV, scale, nblk, parts, att_scores);
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++) {  // merge the blocks, then quantize for the output projection
-            for (int h = 0; h < KVH; h++)
-                attend_combine(parts + ((size_t)m * KVH + h) * nblk * part_stride, (int)positions[m] / ATT_BLOCK + 1,
-                               G, D, att + (size_t)m * H * D + h * G * D);
+            attend_merge(KVH, G, D, L->window, (int)positions[m], nblk, parts + (size_t)m * KVH * nblk * part_stride,
+                         att + (size_t)m * H * D);
             if (L->o.kind != W_F32) quantize_row(att + (size_t)m * H * D, H * D, L->o.group, &a, m);
         }
         linear(&L->o, M, att, &a, tmp);
