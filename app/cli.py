@@ -18,6 +18,7 @@ BENCHES = {
     "decode": "bench_decode",
     "faults": "bench_faults",
     "kernels": "bench_kernels",
+    "passes": "bench_passes",
     "quality": "bench_quality",
     "speculative": "bench_speculative",
 }

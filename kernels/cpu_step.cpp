@@ -50,6 +50,7 @@ struct Layer {
     Lin o;                   // N = dim
     Lin gate_up;             // fused and interleaved by 16 columns: gate[16], up[16], gate[16], ...
     Lin down;
+    int32_t window;          // sliding-window attention: position p attends keys (p - window, p]; 0 = global
 };
 
 struct Model {
@@ -421,10 +422,18 @@ static void linear(const Lin* L, int M, const float* x, const Act* a, float* y) 
     if (L->kind != W_F32) {
 #pragma omp for schedule(static)
         for (int nb = 0; nb < (N + 15) / 16; nb++) {
-            int m = 0;
-            for (; m + 8 <= M; m += 8) quant_block<8>(L, nb, a, m, y);
-            for (; m + 4 <= M; m += 4) quant_block<4>(L, nb, a, m, y);
-            for (; m < M; m++) quant_block<1>(L, nb, a, m, y);
+            for (int m = 0; m < M; m += 8) {  // tiles of up to 8 positions share each loaded weight vector
+                switch (std::min(8, M - m)) {
+                case 1: quant_block<1>(L, nb, a, m, y); break;
+                case 2: quant_block<2>(L, nb, a, m, y); break;
+                case 3: quant_block<3>(L, nb, a, m, y); break;
+                case 4: quant_block<4>(L, nb, a, m, y); break;
+                case 5: quant_block<5>(L, nb, a, m, y); break;
+                case 6: quant_block<6>(L, nb, a, m, y); break;
+                case 7: quant_block<7>(L, nb, a, m, y); break;
+                default: quant_block<8>(L, nb, a, m, y); break;
+                }
+            }
         }
         return;
     }
@@ -870,6 +879,39 @@ static void attend_combine(const float* parts, int nblocks, int nq, int D, float
     }
 }
 
+// The first key position p attends: p - window + 1 under a sliding window (window > 0), else 0.
+static inline int first_key(int p, int window) { return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0; }
+
+// Every (kv head, key block, position) partial of a pass: parts [M][KVH][nblk][G][D + 2], slot b of position m
+// holding keys [max(b * ATT_BLOCK, first key), min((b + 1) * ATT_BLOCK, p + 1)). Work items are (kv head, key
+// block, up to 32 positions in turn), so a block is read once for those positions. A partial depends only on
+// its position, never on the pass. Queries: head i of position m at q + m * ldq + i * D. Inside a parallel region.
+static void attend_blocks(const Cache* c, const KV* kv, int M, const int64_t* positions, int H, int KVH, int D,
+                          int window, const float* q, int ldq, float scale, int nblk, float* parts, float* scores) {
+    const int G = H / KVH, mgroups = (M + 31) / 32;
+    const size_t part_stride = (size_t)G * (D + 2);
+#pragma omp for schedule(dynamic, 1)
+    for (int t = 0; t < KVH * nblk * mgroups; t++) {
+        const int h = t / (nblk * mgroups), b = t / mgroups % nblk, g = t % mgroups;
+        for (int m = g * 32; m < std::min(M, g * 32 + 32); m++) {
+            const int p = (int)positions[m], lo = first_key(p, window);
+            if (b * ATT_BLOCK > p || (b + 1) * ATT_BLOCK <= lo) continue;
+            attend_block(c, kv, h, std::max(lo, b * ATT_BLOCK), std::min(p + 1, (b + 1) * ATT_BLOCK), D, G,
+                         q + (size_t)m * ldq + h * G * D, scale,
+                         parts + ((size_t)m * KVH + h) * nblk * part_stride + b * part_stride,
+                         scores + (size_t)omp_get_thread_num() * G * ATT_BLOCK);
+        }
+    }
+}
+
+// One position's attention output [H][D] from its partials (`parts` = that position's [KVH][nblk] slots).
+static void attend_merge(int KVH, int G, int D, int window, int p, int nblk, const float* parts, float* out) {
+    const size_t part_stride = (size_t)G * (D + 2);
+    const int b0 = first_key(p, window) / ATT_BLOCK, b1 = p / ATT_BLOCK;
+    for (int h = 0; h < KVH; h++)
+        attend_combine(parts + ((size_t)h * nblk + b0) * part_stride, b1 - b0 + 1, G, D, out + (size_t)h * G * D);
+}
+
 // out[j] = silu(gate[j]) * up[j] from the gate/up product interleaved by 16 columns.
 static void silu_mul_row(const float* r, int I, float* out) {
 #if PARLEY_VNNI
@@ -931,6 +973,28 @@ extern "C" int parley_threads(int n) {
 
 extern "C" int parley_has_vnni(void) { return PARLEY_VNNI; }
 
+// The core's int8 multiply-add peak (one thread): `iters` rounds of 16 independent vpdpbusd chains (64 MACs
+// each), in GMAC/s. What `parley bench passes` sets the products' speed beside. 0 without VNNI.
+extern "C" double parley_vnni_peak_gmacs(int iters) {
+#if PARLEY_VNNI
+    __m512i acc[16];
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_set1_epi32(i);
+    const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(5);
+    const double t0 = omp_get_wtime();
+    for (int it = 0; it < iters; it++)
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+    const double dt = omp_get_wtime() - t0;
+    __m512i sum = acc[0];
+    for (int i = 1; i < 16; i++) sum = _mm512_add_epi32(sum, acc[i]);
+    volatile int sink = _mm512_reduce_add_epi32(sum);  // keeps the loop
+    (void)sink;
+    return (double)iters * 16 * 64 / dt / 1e9;
+#else
+    (void)iters;
+    return 0.0;
+#endif
+}
+
 // One product y [M][N] = x [M][K] W^T, for tests against an independent reference.
 extern "C" int parley_linear(const Lin* L, int M, const float* x, float* y) {
     if (L->K % 64) return -1;
@@ -945,8 +1009,42 @@ extern "C" int parley_linear(const Lin* L, int M, const float* x, float* y) {
     return 0;
 }
 
+// One layer's attention alone, for tests against an independent reference: writes k, v [M][KVH][D] of the M
+// positions into `layer` of the cache (their stored form), then out [M][H][D] = attention of q [M][H][D].
+extern "C" int parley_attention(const Cache* cache, int layer, int M, const int64_t* positions, int H, int KVH, int D,
+                                int window, const float* q, const float* k, const float* v, float* out) {
+    if (D > 512 || D % 32 || H % KVH || H / KVH > 8) return -2;
+    int max_p = 0;
+    for (int m = 0; m < M; m++) {
+        if (positions[m] < 0 || positions[m] >= cache->max_len) return -1;
+        max_p = std::max(max_p, (int)positions[m]);
+    }
+    if (g_threads > 0) omp_set_num_threads(g_threads);
+    const KV* kv = cache->layers + layer;
+    const int nblk = max_p / ATT_BLOCK + 1, G = H / KVH;
+    const size_t part_stride = (size_t)G * (D + 2);
+    float* parts = (float*)scratch((size_t)M * KVH * nblk * part_stride * 4);
+    float* scores = (float*)scratch((size_t)omp_get_max_threads() * G * ATT_BLOCK * 4);
+    const float scale = 1.0f / std::sqrt((float)D);
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; m++)
+            for (int h = 0; h < KVH; h++)
+                kv_write(cache, kv, h, (int)positions[m], D, k + ((size_t)m * KVH + h) * D, v + ((size_t)m * KVH + h) * D);
+        attend_blocks(cache, kv, M, positions, H, KVH, D, window, q, H * D, scale, nblk, parts, scores);
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; m++)
+            attend_merge(KVH, G, D, window, (int)positions[m], nblk, parts + (size_t)m * KVH * nblk * part_stride,
+                         out + (size_t)m * H * D);
+    }
+    std::free(parts);
+    std::free(scores);
+    return 0;
+}
+
 // logits [M or 1][vocab] for `tokens` at `positions`; writes their K/V into `cache` (slots = positions).
-// Attention of position p reads slots 0..p. `last_only`: the head for the last position only.
+// Attention of position p reads slots 0..p (or its layer's window of them). `last_only`: the head for the last position only.
 extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const int64_t* tokens, const int64_t* positions,
                    int last_only, float* logits) {
     const int dim = md->dim, H = md->n_heads, KVH = md->n_kv_heads, D = md->head_dim, I = md->inter;
@@ -966,7 +1064,7 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
     const int nthreads = omp_get_max_threads();
     int max_p = 0;
     for (int m = 0; m < M; m++) max_p = std::max(max_p, (int)positions[m]);
-    const int nblk = max_p / ATT_BLOCK + 1, G = H / KVH, mgroups = (M + 31) / 32;
+    const int nblk = max_p / ATT_BLOCK + 1, G = H / KVH;
     const size_t part_stride = (size_t)G * (D + 2);  // one block's partial for one kv head
     float* parts = (float*)scratch((size_t)M * KVH * nblk * part_stride * 4);
     float* att_scores = (float*)scratch((size_t)nthreads * G * ATT_BLOCK * 4);
@@ -1004,23 +1102,11 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
             for (int h = 0; h < KVH; h++)
                 kv_write(cache, kv, h, p, D, row + (H + h) * D, row + (H + KVH + h) * D);
         }
-#pragma omp for schedule(dynamic, 1)
-        for (int t = 0; t < KVH * nblk * mgroups; t++) {  // (kv head, key block, up to 32 positions in turn:
-            const int h = t / (nblk * mgroups), b = t / mgroups % nblk, g = t % mgroups;  // the block is read once)
-            for (int m = g * 32; m < std::min(M, g * 32 + 32); m++) {
-                const int p = (int)positions[m];
-                if (b * ATT_BLOCK > p) continue;
-                attend_block(cache, kv, h, b * ATT_BLOCK, std::min(p + 1, (b + 1) * ATT_BLOCK), D, G,
-                             qkv + (size_t)m * QKV + h * G * D, scale,
-                             parts + ((size_t)m * KVH + h) * nblk * part_stride + b * part_stride,
-                             att_scores + (size_t)omp_get_thread_num() * G * ATT_BLOCK);
-            }
-        }
+        attend_blocks(cache, kv, M, positions, H, KVH, D, L->window, qkv, QKV, scale, nblk, parts, att_scores);
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++) {  // merge the blocks, then quantize for the output projection
-            for (int h = 0; h < KVH; h++)
-                attend_combine(parts + ((size_t)m * KVH + h) * nblk * part_stride, (int)positions[m] / ATT_BLOCK + 1,
-                               G, D, att + (size_t)m * H * D + h * G * D);
+            attend_merge(KVH, G, D, L->window, (int)positions[m], nblk, parts + (size_t)m * KVH * nblk * part_stride,
+                         att + (size_t)m * H * D);
             if (L->o.kind != W_F32) quantize_row(att + (size_t)m * H * D, H * D, L->o.group, &a, m);
         }
         linear(&L->o, M, att, &a, tmp);

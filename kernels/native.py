@@ -49,7 +49,8 @@ class Lin(ctypes.Structure):
 
 class Layer(ctypes.Structure):
     _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("q_norm", ctypes.c_void_p),
-                ("k_norm", ctypes.c_void_p), ("qkv", Lin), ("o", Lin), ("gate_up", Lin), ("down", Lin)]
+                ("k_norm", ctypes.c_void_p), ("qkv", Lin), ("o", Lin), ("gate_up", Lin), ("down", Lin),
+                ("window", ctypes.c_int32)]  # sliding-window attention: keys (p - window, p]; 0 = global
 
 
 class Model(ctypes.Structure):
@@ -159,6 +160,12 @@ def load() -> ctypes.CDLL | None:
         lib.parley_has_vnni.restype = ctypes.c_int
         lib.parley_linear.restype = ctypes.c_int
         lib.parley_linear.argtypes = [ctypes.POINTER(Lin), ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        lib.parley_vnni_peak_gmacs.restype = ctypes.c_double
+        lib.parley_vnni_peak_gmacs.argtypes = [ctypes.c_int]
+        lib.parley_attention.restype = ctypes.c_int
+        lib.parley_attention.argtypes = [ctypes.POINTER(Cache), ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                         ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         _lib = lib
         return lib
 

@@ -84,6 +84,7 @@ class NativeStep:
             L.o = self._linear([at.o_proj])
             L.gate_up = self._linear([mlp.gate_proj, mlp.up_proj], interleave=True)
             L.down = self._linear([mlp.down_proj])
+            L.window = 0  # global attention (a sliding-window layer sets its window)
         self.layers = layers
         head_w = model.embed_tokens.weight if c.tie_embeddings else model.lm_head.weight
         if not isinstance(head_w, Tensor) or head_w.dtype != torch.float32:

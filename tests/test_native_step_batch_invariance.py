@@ -170,3 +170,23 @@ def test_logits_do_not_depend_on_the_thread_count(kind: str) -> None:
     for n in (2, 3):
         same = torch.equal(runs[n][0], runs[1][0]) and torch.equal(runs[n][1], runs[1][1])
         assert same, f"seed 21, {kind}: {n} threads differ from 1"
+
+
+@pytest.mark.parametrize("kind", KV_CACHE_TYPES)
+def test_every_pass_length_up_to_33_gives_the_same_logits(kind: str) -> None:
+    """Each pass length T = 1..33 (every product tile shape: 1..8 positions, several tiles, a 33rd position in
+    its own attention group), starting inside a key block and straddling the 255|256 block edge, recomputes
+    positions whose logits must equal one whole pass's bitwise (the slots it overwrites get the same bytes)."""
+    seed = 33 + KV_CACHE_TYPES.index(kind)
+    rng = random.Random(seed)
+    model = small_model(True, seed)
+    assert attach(model, head_bits=8) is None
+    ids = [rng.randrange(300) for _ in range(300)]
+    cache = model.new_cache(600, kind=kind)
+    with torch.inference_mode():
+        whole = model(torch.tensor([ids]), torch.arange(300)[None], cache)[0]
+        for T in range(1, 34):
+            for start in (37, 256 - T // 2 - 1):  # inside block 0; across the edge of blocks 0 and 1
+                got = model(torch.tensor([ids[start : start + T]]), torch.arange(start, start + T)[None], cache)[0]
+                assert torch.equal(got, whole[start : start + T]), (
+                    f"seed={seed} kind={kind}: a {T}-token pass at {start} differs from the whole pass")

@@ -1,0 +1,125 @@
+"""What a multi-token pass costs against a 1-token pass, and how fast the INT4 products run against the core's peak.
+
+Speculative decoding pays only when verifying T drafted tokens costs little more than decoding one. For each
+context depth this times passes of T tokens through the engine's own `forward` (the pass speculation's
+verification runs; nothing is committed, so every pass writes the same slots), interleaved in rounds so a
+neighbour's burst lands on every T alike, and prints each pass's median time and its ratio to a 1-token pass.
+Then the INT4 products of one real layer (q/k/v, o, gate/up, down) on one thread at T = 8, 64, 512 rows: GMAC/s
+beside the core's measured AVX-512 VNNI peak (16 independent `vpdpbusd` chains).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import time
+
+from .bench_decode import PROMPT, _median
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="model ref (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--quant", default="awq", help="awq (INT4, default) or none")
+    p.add_argument("--kv-cache", default="auto", help="auto (the engine's default), fp, bf16, int8, k8v4")
+    p.add_argument("--passes", default="1,2,4,8,16", help="comma-separated pass lengths (tokens)")
+    p.add_argument("--depths", default="0,2000", help="comma-separated context depths (0 = a short chat prompt)")
+    p.add_argument("--rows", default="8,64,512", help="comma-separated rows (tokens) for the products' GMAC/s")
+    p.add_argument("--repeats", type=int, default=15, help="rounds; each figure is the median")
+    p.add_argument("--threads", type=int, default=None, help="threads (default: automatic)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def pass_times(engine, ctx: list[int], passes: list[int], repeats: int) -> dict[int, float]:
+    """Median seconds of a T-token pass after `ctx`, for each T (rounds interleave the Ts)."""
+    engine.reset_cache()
+    engine.prefill(ctx)
+    tokens = (ctx * (max(passes) // max(1, len(ctx)) + 1))[: max(passes)]
+    times: dict[int, list[float]] = {T: [] for T in passes}
+    for r in range(repeats + 1):  # round 0 warms up
+        for T in passes:
+            t = time.perf_counter()
+            engine.forward(tokens[:T])
+            if r:
+                times[T].append(time.perf_counter() - t)
+    return {T: _median(ts) for T, ts in times.items()}
+
+
+def product_gmacs(engine, rows: list[int], repeats: int) -> dict:
+    """One thread's GMAC/s over one layer's INT4 products at each row count, and the VNNI peak."""
+    import torch
+
+    from ..kernels import native
+
+    step = engine.model.native
+    if step is None:
+        return {"error": "the native step is not attached (PARLEY_NATIVE=0 or no compiler)"}
+    lib = step.lib
+    layer = step.layers[0]
+    lins = [layer.qkv, layer.o, layer.gate_up, layer.down]
+    if any(L.kind != native.W_Q4 for L in lins):
+        return {"error": "the products are not INT4 (--quant none?)"}
+    before = lib.parley_threads(-1)
+    lib.parley_threads(1)
+    try:
+        peak = max(lib.parley_vnni_peak_gmacs(5_000_000) for _ in range(3))
+        out: dict = {"vnni_peak_gmacs_per_core": round(peak, 1), "by_rows": []}
+        g = torch.Generator().manual_seed(0)
+        for M in rows:
+            xs = [torch.randn(M, L.K, generator=g) for L in lins]
+            ys = [torch.empty(M, L.N) for L in lins]
+            macs = sum(M * L.N * L.K for L in lins)
+            best = []
+            for _ in range(max(3, repeats // 3) + 1):
+                t = time.perf_counter()
+                for L, x, y in zip(lins, xs, ys, strict=True):
+                    lib.parley_linear(ctypes.byref(L), M, x.data_ptr(), y.data_ptr())
+                best.append(time.perf_counter() - t)
+            gm = macs / _median(best[1:]) / 1e9
+            out["by_rows"].append({"rows": M, "gmacs_per_core": round(gm, 1),
+                                   "pct_of_peak": round(100 * gm / peak, 1) if peak else None})
+        return out
+    finally:
+        lib.parley_threads(before)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..engine.engine import Engine
+    from ..engine.threads import configure_threads
+
+    threads = configure_threads(args.threads)
+    passes = sorted({int(t) for t in args.passes.split(",") if t.strip()} | {1})
+    depths = [int(d) for d in args.depths.split(",") if d.strip()]
+    rows = [int(m) for m in args.rows.split(",") if m.strip()]
+    engine = Engine.load(args.model, quant=args.quant, kv_cache=None if args.kv_cache == "auto" else args.kv_cache,
+                         threads=args.threads)
+    ids = engine.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
+    results: dict = {"model": engine.model_name, "quantization": engine.quantization, "kv_cache": engine.kv_cache,
+                     "path": "native" if engine.model.native is not None else "torch", "threads": threads,
+                     "depths": []}
+    for depth in depths:
+        ctx = (ids * (depth // len(ids) + 1))[:depth] if depth else ids
+        ts = pass_times(engine, ctx, passes, args.repeats)
+        results["depths"].append({"depth": depth, "context": len(ctx), "passes": [
+            {"tokens": T, "ms": round(1e3 * ts[T], 3), "vs_one_token": round(ts[T] / ts[1], 2),
+             "ms_per_token": round(1e3 * ts[T] / T, 3)} for T in passes]})
+    results["products"] = product_gmacs(engine, rows, args.repeats)
+
+    if args.json:
+        print(json.dumps(results))
+        return 0
+    print(f"model: {results['model']}  {results['quantization']}, kv={results['kv_cache']}, "
+          f"{results['path']} step, threads: {threads}  (median of {args.repeats} interleaved rounds)")
+    for d in results["depths"]:
+        print(f"  after {d['context']} tokens of context:")
+        for p in d["passes"]:
+            print(f"      {p['tokens']:>3}-token pass: {p['ms']:8.3f} ms = {p['vs_one_token']:5.2f}x a 1-token pass "
+                  f"({p['ms_per_token']:.3f} ms a token)")
+    pr = results["products"]
+    if "error" in pr:
+        print(f"  INT4 products: {pr['error']}")
+    else:
+        print(f"  INT4 products of one layer, one thread (VNNI peak {pr['vnni_peak_gmacs_per_core']} GMAC/s per core):")
+        for r in pr["by_rows"]:
+            print(f"      {r['rows']:>4} rows: {r['gmacs_per_core']:6.1f} GMAC/s = {r['pct_of_peak']}% of peak")
+    return 0
