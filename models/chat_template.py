@@ -100,6 +100,17 @@ FALLBACK_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# A family's known template, for its files that ship none (base models), as llama.cpp keeps them.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{% if role == 'system' %}{{ '<start_of_turn>user\n' + message['content'] + '\n\n' }}"
+    "{% else %}{% if not (loop.index0 == 1 and messages[0]['role'] == 'system') %}"
+    "{{ '<start_of_turn>' + role + '\n' }}{% endif %}{{ message['content'] | trim + '<end_of_turn>\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+FAMILY_TEMPLATES = {"gemma": GEMMA_TEMPLATE, "gemma2": GEMMA_TEMPLATE, "gemma3": GEMMA_TEMPLATE}
+
 
 def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
