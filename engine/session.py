@@ -59,6 +59,9 @@ class Session:
             return
         if hasattr(eng, "set_kv_cache"):
             eng.set_kv_cache(params.kv_cache)  # a change made in the panel applies from this reply
+        if note := getattr(eng.tokenizer, "template_note", None):  # e.g. a base model: said once per engine
+            eng.tokenizer.template_note = None
+            yield Notice(note)
         try:  # rendering the chat template is bounded in time and stops when the reply is cancelled
             ids = yield from self._prompt(messages, params, cancel)
         except RenderCancelled:

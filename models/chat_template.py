@@ -112,6 +112,19 @@ GEMMA_TEMPLATE = (
 FAMILY_TEMPLATES = {"gemma": GEMMA_TEMPLATE, "gemma2": GEMMA_TEMPLATE, "gemma3": GEMMA_TEMPLATE}
 
 
+def read_template_file(path: str) -> str:
+    """A `--chat-template` file's text, or a ModelLoadError naming it (it is compiled, sandboxed, on use)."""
+    from pathlib import Path
+
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"--chat-template {path}: cannot be read ({e}); pass a readable Jinja file") from None
+    if not text.strip():
+        raise ModelLoadError(f"--chat-template {path}: the file is empty; pass a Jinja chat template")
+    return text
+
+
 def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 

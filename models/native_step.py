@@ -41,6 +41,8 @@ class NativeStep:
         self.keep: list[Tensor] = []
         if c.intermediate_size % 16:
             raise ValueError(f"the native step needs intermediate_size % 16 == 0, not {c.intermediate_size}")
+        if c.sandwich_norms or c.embed_scale or c.mlp_act != "silu" or any(c.layer_windows) or c.query_scale:
+            raise ValueError(f"the native step does not run {c.arch} models yet")
         if c.head_dim > 512 or c.n_heads % c.n_kv_heads or c.n_heads // c.n_kv_heads > 8:
             raise ValueError("the native step needs head_dim <= 512 and at most 8 query heads per kv head")
         layers = (native.Layer * c.n_layers)()
