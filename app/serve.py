@@ -245,7 +245,6 @@ class Handler(BaseHTTPRequestHandler):
 
     def _generate(self, req: CompletionRequest, cancel: threading.Event) -> Iterator[TextDelta | Stats | Done]:
         """The engine's events with stop strings applied: text up to a stop string, then Done("eos")."""
-        from parley.engine.session import Session
 
         engine = self.server.engine
         if req.prompt is not None:  # raw text: the same loop over a tokenizer that takes the text as it is
