@@ -50,7 +50,7 @@ class NativeStep:
             at, mlp = block.self_attn, block.mlp
             L = layers[i]
             L.attn_norm = self._ptr(block.input_layernorm.weight)
-            L.ffn_norm = self._ptr(block.post_attention_layernorm.weight)
+            L.ffn_norm = self._ptr(block.mlp_norm.weight)
             L.q_norm = self._ptr(at.q_norm.weight) if hasattr(at, "q_norm") else None
             L.k_norm = self._ptr(at.k_norm.weight) if hasattr(at, "k_norm") else None
             L.qkv = self._linear([at.q_proj, at.k_proj, at.v_proj])

@@ -325,9 +325,7 @@ class Transformer(nn.Module):
         """
         if self.native is not None:
             return self.native(tokens, positions, cache, last_only)
-        x = self.embed_tokens(tokens)
-        if self.config.embed_scale:  # sqrt(dim) rounded to the weights' dtype first, as Gemma's reference does
-            x = x * torch.tensor(self.config.dim ** 0.5).to(x.dtype)
+        x = self.embed(tokens)
         rope = {False: self._rotation(positions, self.inv_freq, x.dtype)}
         if hasattr(self, "inv_freq_local"):
             rope[True] = self._rotation(positions, self.inv_freq_local, x.dtype)
@@ -343,6 +341,12 @@ class Transformer(nn.Module):
         if last_only:
             x = x[:, -1:]
         return self.lm_head(self.norm(x)).float()
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        x = self.embed_tokens(tokens)
+        if self.config.embed_scale:  # sqrt(dim) rounded to the weights' dtype first, as Gemma's reference does
+            x = x * torch.tensor(self.config.dim ** 0.5).to(x.dtype)
+        return x
 
     @staticmethod
     def _rotation(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
