@@ -50,6 +50,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                         "also PARLEY_COMPILE=1)")
     p.add_argument("--kv-cache", choices=("auto", "fp", "bf16", "int8", "k8v4"), default=None,
                    help="KV cache storage (also PARLEY_KV_CACHE); auto: int8 on CPU, the model's dtype on CUDA")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="a Jinja chat template to use instead of the model's own (or its family's default)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (also PARLEY_THREADS); default: all cores, fewer while the machine is busy")
 
@@ -140,7 +142,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompt = read_prompt(args)
     engine = engine_from_args(args)
     messages = [{"role": "user", "content": prompt}]
-    session = engine.session(system_prompt=args.system)
+    if args.raw:  # continue the text as written, as /v1/completions does (llama-cli -no-cnv)
+        if args.system or getattr(args, "server", None):
+            raise ValueError("--raw continues text with the local engine: it takes no --system or --server")
+        from .serve import raw_session
+
+        session = raw_session(engine)
+    else:
+        session = engine.session(system_prompt=args.system)
 
     def show(ev, _reply) -> None:
         if isinstance(ev, TextDelta):
@@ -228,6 +237,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     gen.add_argument("--file", default=None, metavar="PATH",
                      help="attach a text file: it is sent before the prompt (as llama-cli's /read)")
     gen.add_argument("--system", default=None, help="system prompt")
+    gen.add_argument("--raw", action="store_true",
+                     help="continue the prompt text as written: no chat template (base models, completion)")
     gen.add_argument("--stats", action="store_true", help="print final stats as one JSON line on stderr")
     add_model_arguments(gen)
     add_sampling_arguments(gen)

@@ -330,11 +330,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def _generate(self, req: CompletionRequest, cancel: threading.Event) -> Iterator[TextDelta | Stats | Done]:
         """The engine's events with stop strings applied: text up to a stop string, then Done("eos")."""
-        from parley.engine.session import Session
 
         engine = self.server.engine
         if req.prompt is not None:  # raw text: the same loop over a tokenizer that takes the text as it is
-            session = Session(_TextPrompt(engine), None)
+            session = raw_session(engine)
             messages = [{"role": "user", "content": req.prompt}]
         else:
             session, messages = engine.session(None), req.messages
@@ -728,13 +727,24 @@ class _TextPrompt:
         return getattr(self._engine, name)
 
 
+def raw_session(engine: Any) -> Any:
+    """A Session continuing raw text (no chat template): /v1/completions and `parley generate --raw`."""
+    from parley.engine.session import Session
+
+    return Session(_TextPrompt(engine), None)
+
+
 class _RawTokenizer:
+    template_note = None  # no chat template is rendered here
+
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
 
     def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
                     cancel=None) -> list[int]:
-        return self._tokenizer.encode(messages[-1]["content"])
+        text = messages[-1]["content"]  # BOS first when the model wants it (Gemma), as llama.cpp's raw mode
+        return self._tokenizer.encode_raw(text) if hasattr(self._tokenizer, "encode_raw") else \
+            self._tokenizer.encode(text)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tokenizer, name)

@@ -74,8 +74,10 @@ class Engine:
     def load(cls, model_ref: str | None = None, *, quant: str = "awq", draft: str | None = None,
              progress: ProgressFn | None = None, device: str | None = None,
              context_window: int | None = None, group_size: int = 128, compile: bool | None = None,
-             kv_cache: str | None = None, threads: int | None = None, native: bool = True) -> Engine:
-        """Resolve, (quantize on first use,) and load a model; `draft` is a second model ref.
+             kv_cache: str | None = None, threads: int | None = None, native: bool = True,
+             chat_template: str | None = None) -> Engine:
+        """Resolve, (quantize on first use,) and load a model; `draft` is a second model ref; `chat_template`
+        a Jinja file used instead of the model's own template.
         `native=False` keeps the PyTorch path on the CPU (what `bench decode --path torch` measures)."""
         from ..models.loading import load_model
         from ..models.resolve import resolve
@@ -86,6 +88,10 @@ class Engine:
         files = resolve(model_ref, progress=progress)
         name = files.repo_id or Path(files.path).name
         tokenizer = load_tokenizer(files)
+        if chat_template:
+            from ..models.chat_template import read_template_file
+
+            tokenizer.use_template(read_template_file(chat_template), chat_template)
         quantization = "none"
         if quant == "awq":
             from ..models.quantize.cache import ensure_quantized

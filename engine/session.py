@@ -64,6 +64,9 @@ class Session:
         except ValueError as e:  # nothing valid to fall back on yet
             yield Done("error", str(e))
             return
+        if note := getattr(eng.tokenizer, "template_note", None):  # e.g. a base model: said once per engine
+            eng.tokenizer.template_note = None
+            yield Notice(note)
         try:  # rendering the chat template is bounded in time and stops when the reply is cancelled
             ids = yield from self._prompt(messages, params, cancel)
         except RenderCancelled:

@@ -152,6 +152,30 @@ FALLBACK_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# A family's known template, for its files that ship none (base models), as llama.cpp keeps them.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{% if role == 'system' %}{{ '<start_of_turn>user\n' + message['content'] + '\n\n' }}"
+    "{% else %}{% if not (loop.index0 == 1 and messages[0]['role'] == 'system') %}"
+    "{{ '<start_of_turn>' + role + '\n' }}{% endif %}{{ message['content'] | trim + '<end_of_turn>\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+FAMILY_TEMPLATES = {"gemma": GEMMA_TEMPLATE, "gemma2": GEMMA_TEMPLATE, "gemma3": GEMMA_TEMPLATE}
+
+
+def read_template_file(path: str) -> str:
+    """A `--chat-template` file's text, or a ModelLoadError naming it (it is compiled, sandboxed, on use)."""
+    from pathlib import Path
+
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"--chat-template {path}: cannot be read ({e}); pass a readable Jinja file") from None
+    if not text.strip():
+        raise ModelLoadError(f"--chat-template {path}: the file is empty; pass a Jinja chat template")
+    return text
+
 
 def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)

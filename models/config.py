@@ -10,7 +10,7 @@ from typing import Any
 
 from .errors import ModelLoadError
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
 ROPE_TYPES = ("default", "linear", "llama3")  # what transformer.rope_frequencies implements
 
 # Sane upper bounds, checked before anything is built: a damaged or hostile config must fail with a
@@ -54,6 +54,23 @@ def _positive(value: Any, name: str, source: str) -> float:
     return float(value)
 
 
+def _gemma3_switches(cfg: dict[str, Any], n_layers: int, source: str) -> dict[str, Any]:
+    """Gemma 3's switches from its config (or what GGUF metadata implies): which layers slide, and by how much."""
+    window = _whole(cfg.get("sliding_window", 512), "sliding_window", source, LIMITS["max_position_embeddings"])
+    types = cfg.get("layer_types")
+    if types is None:
+        pattern = cfg.get("sliding_window_pattern", cfg.get("_sliding_window_pattern", 6))
+        types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n_layers)]
+    if not isinstance(types, list) or len(types) != n_layers or not set(types) <= {"full_attention",
+                                                                                   "sliding_attention"}:
+        raise ConfigError(f"{source}: layer_types must list full_attention / sliding_attention for each of the "
+                          f"{n_layers} layers; fix or re-download the config")
+    scalar = _positive(cfg.get("query_pre_attn_scalar", 256), "query_pre_attn_scalar", source)
+    return dict(sandwich_norms=True, norm_unit_offset=True, mlp_act="gelu_tanh", embed_scale=True,
+                query_scale=scalar ** -0.5, layer_windows=tuple(window if t == "sliding_attention" else 0
+                                                                for t in types))
+
+
 @dataclass
 class ModelConfig:
     arch: str
@@ -70,7 +87,15 @@ class ModelConfig:
     max_seq_len: int = 4096
     tie_embeddings: bool = False
     qkv_bias: bool = False  # qwen2
-    qk_norm: bool = False  # qwen3
+    qk_norm: bool = False  # qwen3, gemma3
+    # Gemma 3's differences, each a switch the model definition reads (all off for the llama-like families):
+    sandwich_norms: bool = False  # a norm after attention and after the MLP too, before each residual add
+    norm_unit_offset: bool = False  # checkpoints store w for a gain of (1 + w); the model holds 1 + w
+    mlp_act: str = "silu"  # "gelu_tanh": GeGLU
+    embed_scale: bool = False  # embeddings multiplied by sqrt(dim), rounded to the weights' dtype
+    query_scale: float = 0.0  # query_pre_attn_scalar ** -0.5; 0: head_dim ** -0.5
+    layer_windows: tuple[int, ...] = ()  # per layer: 0 global, else sliding window w (keys p - w < j <= p)
+    rope_local_theta: float = 0.0  # rope base of sliding-window layers; 0: rope_theta
     quantization: dict[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -82,6 +107,15 @@ class ModelConfig:
             raise ConfigError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         if self.head_dim <= 0 or self.head_dim % 2:
             raise ConfigError(f"head_dim={self.head_dim}: rotary embeddings need a positive, even head size")
+        if not self.layer_windows:
+            self.layer_windows = (0,) * self.n_layers
+        self.layer_windows = tuple(self.layer_windows)
+        if len(self.layer_windows) != self.n_layers:
+            raise ConfigError(f"{len(self.layer_windows)} layer windows for {self.n_layers} layers")
+
+    def rope_theta_of(self, layer: int) -> float:
+        """The rope base of one layer: Gemma 3's sliding-window layers rotate with their own."""
+        return self.rope_local_theta if self.layer_windows[layer] and self.rope_local_theta else self.rope_theta
 
     @classmethod
     def from_hf(cls, cfg: Any, source: str = "config.json") -> ModelConfig:
@@ -90,6 +124,10 @@ class ModelConfig:
             raise ConfigError(f"{source}: expected a JSON object of settings, found a {type(cfg).__name__}; "
                               "the file is damaged or not a model config: re-download the model")
         arch = cfg.get("model_type", "")
+        if arch == "gemma3" and isinstance(cfg.get("text_config"), dict):  # the multimodal wrapper's text model
+            cfg = {**cfg["text_config"], "model_type": "gemma3_text"}
+            arch = "gemma3_text"
+        arch = {"gemma3_text": "gemma3"}.get(arch, arch)
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ConfigError(
                 f"{source}: model_type {arch!r} is not supported; Parley runs "
@@ -117,8 +155,12 @@ class ModelConfig:
         if not isinstance(rope_params, dict) or (rope_scaling is not None and not isinstance(rope_scaling, dict)):
             raise ConfigError(f"{source}: rope_scaling / rope_parameters must be JSON objects; fix or re-download "
                               "the config")
+        local_theta = cfg.get("rope_local_base_freq")
+        if arch == "gemma3" and isinstance(rope_params.get("full_attention"), dict):  # per layer type
+            local_theta = (rope_params.get("sliding_attention") or {}).get("rope_theta", local_theta)
+            rope_params = rope_params["full_attention"]
         if rope_theta is None:
-            rope_theta = rope_params.get("rope_theta", 10000.0)
+            rope_theta = rope_params.get("rope_theta", 1000000.0 if arch == "gemma3" else 10000.0)
         if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
             rope_scaling = rope_params
         if rope_scaling is not None:
@@ -132,11 +174,18 @@ class ModelConfig:
         if quantization is not None and not isinstance(quantization, dict):
             raise ConfigError(f"{source}: quantization_config must be a JSON object, found "
                               f"{type(quantization).__name__}; fix or re-download the config")
+        n_layers = size("num_hidden_layers")
+        gemma: dict[str, Any] = {}
+        if arch == "gemma3":
+            gemma = _gemma3_switches(cfg, n_layers, source)
+            gemma["rope_local_theta"] = _positive(local_theta or 10000.0, "rope_local_base_freq", source)
+            if cfg.get("final_logit_softcapping") or cfg.get("attn_logit_softcapping"):
+                raise ConfigError(f"{source}: logit soft-capping is not supported; use a Gemma 3 without it")
         return cls(
             arch=arch,
             vocab_size=size("vocab_size"),
             dim=dim,
-            n_layers=size("num_hidden_layers"),
+            n_layers=n_layers,
             n_heads=n_heads,
             n_kv_heads=n_kv_heads,
             intermediate_size=size("intermediate_size"),
@@ -145,10 +194,11 @@ class ModelConfig:
             rope_theta=_positive(rope_theta, "rope_theta", source),
             rope_scaling=rope_scaling,
             max_seq_len=size("max_position_embeddings", 4096),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", arch == "gemma3")),
             qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "gemma3"),
             quantization=quantization,
+            **gemma,
         )
 
     @classmethod
@@ -213,15 +263,24 @@ class ModelConfig:
         if n_heads % n_kv_heads:
             raise ConfigError(f"{path}: metadata {arch}.attention.head_count ({n_heads}) is not a multiple of "
                               f"{arch}.attention.head_count_kv ({n_kv_heads}); the file is damaged, re-download it")
+        n_layers = size("block_count", "num_hidden_layers")
+        head_dim = size("attention.key_length", "head_dim", max(dim // n_heads, 1))
+        gemma: dict[str, Any] = {}
+        if arch == "gemma3":  # llama.cpp hard-codes what the HF config states: 5 sliding layers, then 1 global
+            window = _whole(get("attention.sliding_window", 512), f"metadata {arch}.attention.sliding_window",
+                            str(path), LIMITS["max_position_embeddings"])
+            gemma = _gemma3_switches({"sliding_window": window, "query_pre_attn_scalar": head_dim}, n_layers,
+                                     str(path))
+            gemma["rope_local_theta"] = 10000.0
         return cls(
             arch=arch,
             vocab_size=_whole(vocab, "the vocabulary size (token_embd.weight rows)", str(path), LIMITS["vocab_size"]),
             dim=dim,
-            n_layers=size("block_count", "num_hidden_layers"),
+            n_layers=n_layers,
             n_heads=n_heads,
             n_kv_heads=n_kv_heads,
             intermediate_size=size("feed_forward_length", "intermediate_size"),
-            head_dim=size("attention.key_length", "head_dim", max(dim // n_heads, 1)),
+            head_dim=head_dim,
             norm_eps=_positive(get("attention.layer_norm_rms_epsilon", 1e-6),
                                f"metadata {arch}.attention.layer_norm_rms_epsilon", str(path)),
             rope_theta=_positive(get("rope.freq_base", 10000.0), f"metadata {arch}.rope.freq_base", str(path)),
@@ -230,6 +289,7 @@ class ModelConfig:
             tie_embeddings="output.weight" not in names,
             qkv_bias="blk.0.attn_q.bias" in names,
             qk_norm="blk.0.attn_q_norm.weight" in names,
+            **gemma,
         )
 
     def to_hf(self) -> dict[str, Any]:
@@ -237,7 +297,7 @@ class ModelConfig:
         cfg: dict[str, Any] = {
             "architectures": [
                 {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[self.arch]
+                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}[self.arch]
             ],
             "model_type": self.arch,
             "vocab_size": self.vocab_size,
@@ -257,6 +317,16 @@ class ModelConfig:
         }
         if self.arch == "llama":
             cfg["attention_bias"] = self.qkv_bias
+        if self.arch == "gemma3":
+            windows = [w for w in self.layer_windows if w]
+            cfg.update(
+                architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh",
+                query_pre_attn_scalar=round(self.query_scale ** -2), sliding_window=windows[0] if windows else None,
+                layer_types=["sliding_attention" if w else "full_attention" for w in self.layer_windows],
+                rope_local_base_freq=self.rope_local_theta, final_logit_softcapping=None,
+                attn_logit_softcapping=None,
+            )
+            cfg.pop("hidden_act")
         if self.quantization:
             cfg["quantization_config"] = self.quantization
         return cfg

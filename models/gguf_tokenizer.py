@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from .errors import ModelLoadError
 
@@ -33,6 +33,9 @@ PRE_TOKENIZER_SPLITS = {
     "dbrx": _LLAMA3_SPLIT, "falcon3": _LLAMA3_SPLIT,
     "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT, "megrez": _QWEN2_SPLIT,
 }
+
+
+GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")
 
 
 @lru_cache(maxsize=1)
@@ -57,6 +60,8 @@ def build(meta: dict[str, Any], path: Path | str = "GGUF") -> Tokenizer:
         raise ModelLoadError(f"{path}: the GGUF has no tokenizer vocabulary; use a GGUF converted with its tokenizer")
     if kind == "gpt2":
         tok = _byte_level(tokens, meta)
+    elif kind == "llama" and meta.get("general.architecture") in GEMMA_ARCHS:
+        tok = _gemma_sentencepiece(tokens)
     elif kind == "llama":
         tok = _sentencepiece_bpe(tokens, meta)
     else:
@@ -79,13 +84,15 @@ def build(meta: dict[str, Any], path: Path | str = "GGUF") -> Tokenizer:
     return tok
 
 
-def _merges(meta: dict[str, Any], vocab: dict[str, int], scores: list[float] | None) -> list[tuple[str, str]]:
+def _merges(meta: dict[str, Any], vocab: dict[str, int], scores: list[float] | None,
+            order: list[str] | None = None) -> list[tuple[str, str]]:
     if meta.get("tokenizer.ggml.merges"):
         return [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]  # type: ignore[misc]
     # Older sentencepiece GGUFs store scores instead of merges: every split of a token into two known
     # tokens is a merge, ranked by the merged token's score (as transformers' generate_merges does).
+    # `order`: the tokens those scores belong to, when not the vocabulary's own order.
     ranked = []
-    for token, score in zip(vocab, scores or [0.0] * len(vocab), strict=False):
+    for token, score in zip(order or vocab, scores or [0.0] * len(vocab), strict=False):
         local = [(token[:i], token[i:], score) for i in range(1, len(token))
                  if token[:i] in vocab and token[i:] in vocab]
         ranked += sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]]))
@@ -123,4 +130,21 @@ def _sentencepiece_bpe(tokens: list[str], meta: dict[str, Any]) -> Tokenizer:
     tok.decoder = decoders.Sequence([
         decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(content=" ", left=1),
     ])
+    return tok
+
+
+def _gemma_sentencepiece(tokens: list[str]) -> Tokenizer:
+    """Gemma's sentencepiece BPE as transformers builds it from a GGUF (spaces as "▁", no prefix space).
+
+    Two quirks of Gemma files: runs of spaces are stored as real spaces (respelled "▁" so merges can reach
+    them), and the merge order is the order of the tokens in the file, not their scores.
+    """
+    tokens = ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    positions = {t: -i for i, t in enumerate(tokens)}
+    merges = _merges({}, vocab, list(positions.values()), order=list(positions))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=True, unk_token="<unk>", byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
     return tok

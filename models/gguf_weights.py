@@ -34,6 +34,12 @@ _BLOCK_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma 3's sandwich norms: `ffn_norm` is the pre-MLP norm there too, but its checkpoint name differs.
+_GEMMA3_NAMES = {
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 _TOP_NAMES = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
 
 # Architectures whose converter permuted q/k rows for llama.cpp's "normal" (adjacent-pair) rotary.
@@ -148,11 +154,12 @@ def _parse(path: Path, buf: np.ndarray) -> GGUFFile:
     return GGUFFile(path, meta, tensors)
 
 
-def gguf_to_hf_name(name: str) -> str | None:
+def gguf_to_hf_name(name: str, arch: str = "llama") -> str | None:
     """Our parameter name for a GGUF tensor name, or None for tensors we do not load as parameters."""
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
-    if m and m.group(2) in _BLOCK_NAMES:
-        return f"layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
+    block_names = {**_BLOCK_NAMES, **_GEMMA3_NAMES} if arch == "gemma3" else _BLOCK_NAMES
+    if m and m.group(2) in block_names:
+        return f"layers.{m.group(1)}.{block_names[m.group(2)]}.{m.group(3)}"
     m = re.fullmatch(r"(\w+)\.(weight|bias)", name)
     if m and m.group(1) in _TOP_NAMES:
         return f"{_TOP_NAMES[m.group(1)]}.{m.group(2)}"
@@ -179,10 +186,12 @@ def dequantize(tensor: GGUFTensor, path: Path) -> torch.Tensor:
 
 
 def iter_weights(file: GGUFFile, arch: str, n_heads: int, n_kv_heads: int) -> Iterator[tuple[str, torch.Tensor]]:
-    """(our name, fp32 tensor) for every parameter in the file, with q/k rows un-permuted."""
+    """(our name, fp32 tensor) for every parameter in the file, with q/k rows un-permuted.
+
+    Gemma's norms come as llama.cpp's converter stored them, 1 + w: the gain our model holds."""
     path = file.path
     for tensor in file.tensors:
-        name = gguf_to_hf_name(tensor.name)
+        name = gguf_to_hf_name(tensor.name, arch)
         if name is None:
             if tensor.name == "rope_freqs.weight":  # llama3 rope scaling, as per-frequency divisors
                 yield "rope_freqs", dequantize(tensor, path)

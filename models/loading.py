@@ -19,7 +19,7 @@ from safetensors import safe_open
 from .config import ModelConfig
 from .errors import ModelLoadError
 from .resolve import ModelFiles, weight_files
-from .transformer import Transformer, rope_frequencies
+from .transformer import Transformer, is_norm_weight, rope_frequencies
 
 INV_FREQ = "rotary_emb.inv_freq"  # our name (after `model.`) for stored rotary frequencies
 
@@ -55,7 +55,10 @@ def load_model(files: ModelFiles, dtype: torch.dtype = torch.float32,
             f"{files.path / 'config.json'}: quantization {method!r} is not supported; use the unquantized "
             "model (Parley quantizes it to AWQ itself) or an AWQ checkpoint"
         )
-    return assemble(config, safetensors_weights(files.path, device), dtype, device, str(files.path), group_size)
+    weights = safetensors_weights(files.path, device)
+    if config.norm_unit_offset:  # Gemma stores w for a gain of 1 + w; the model holds the gain
+        weights = ((n, t.float() + 1 if is_norm_weight(n) else t) for n, t in weights)
+    return assemble(config, weights, dtype, device, str(files.path), group_size)
 
 
 def safetensors_weights(path: Path, device: torch.device | str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
@@ -133,6 +136,8 @@ def assemble(config: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], d
     if config.tie_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.inv_freq = _rotary_frequencies(config, rope_freqs, inv_freq, source).to(device)
+    if hasattr(model, "inv_freq_local"):  # Gemma 3's sliding-window layers: their own base, never scaled
+        model.inv_freq_local = rope_frequencies(config, local=True).to(device)
     return model.eval()
 
 

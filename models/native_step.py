@@ -70,6 +70,8 @@ class NativeStep:
         self._caches: weakref.WeakKeyDictionary[KVCache, tuple] = weakref.WeakKeyDictionary()
         if c.intermediate_size % 16:
             raise ValueError(f"the native step needs intermediate_size % 16 == 0, not {c.intermediate_size}")
+        if c.sandwich_norms or c.embed_scale or c.mlp_act != "silu" or any(c.layer_windows) or c.query_scale:
+            raise ValueError(f"the native step does not run {c.arch} models yet")
         if c.head_dim > 512 or c.n_heads % c.n_kv_heads or c.n_heads // c.n_kv_heads > 8:
             raise ValueError("the native step needs head_dim <= 512 and at most 8 query heads per kv head")
         layers = (native.Layer * c.n_layers)()
@@ -77,7 +79,7 @@ class NativeStep:
             at, mlp = block.self_attn, block.mlp
             L = layers[i]
             L.attn_norm = self._ptr(block.input_layernorm.weight)
-            L.ffn_norm = self._ptr(block.post_attention_layernorm.weight)
+            L.ffn_norm = self._ptr(block.mlp_norm.weight)
             L.q_norm = self._ptr(at.q_norm.weight) if hasattr(at, "q_norm") else None
             L.k_norm = self._ptr(at.k_norm.weight) if hasattr(at, "k_norm") else None
             L.qkv = self._linear([at.q_proj, at.k_proj, at.v_proj])

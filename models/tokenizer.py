@@ -125,17 +125,28 @@ class StreamDecoder:
 class Tokenizer:
     def __init__(self, backend: Backend, chat_template_source: str | None, special_tokens: dict[str, str],
                  eos_id: int | None, extra_stop_ids: Iterable[int] = (),
-                 template_origin: str = "the model's chat template") -> None:
+                 template_origin: str = "the model's chat template", arch: str | None = None,
+                 add_bos: bool = False) -> None:
         self.backend = backend
-        self.chat_template = chat_template_source or chat_template.FALLBACK_TEMPLATE
-        self.template_origin = template_origin  # named in rendering errors: the file the template came from
         self.has_chat_template = chat_template_source is not None
+        # No template of its own: the family's known one (as llama.cpp does), else ChatML; `template_note`
+        # says which, for the app to show once.
+        family = chat_template.FAMILY_TEMPLATES.get(arch or "") if chat_template_source is None else None
+        self.template_note: str | None = None
+        if chat_template_source is None:
+            self.template_note = (f"the model has no chat template; using the {arch} family's" if family else
+                                  "the model has no chat template; using ChatML")
+            template_origin = f"Parley's {'built-in ' + arch if family else 'ChatML'} template"
+        self.chat_template = chat_template_source or family or chat_template.FALLBACK_TEMPLATE
+        self.template_origin = template_origin  # named in rendering errors: the file the template came from
+        self.add_bos = add_bos  # raw completion starts with BOS when the model was trained so (Gemma, Llama)
         self.special_tokens = special_tokens  # bos_token, eos_token, ... as the template sees them
         self._vocab = backend.vocab()
         self.vocab_size = max(self._vocab.values()) + 1
         if eos_id is None and special_tokens.get("eos_token") in self._vocab:
             eos_id = self._vocab[special_tokens["eos_token"]]
         self.eos_id = eos_id
+        self.bos_id: int | None = self._vocab.get(special_tokens.get("bos_token") or "")
         stops = {self._vocab[t] for t in END_OF_TURN_TOKENS if t in self._vocab} | set(extra_stop_ids)
         if eos_id is not None:
             stops.add(eos_id)
@@ -144,6 +155,17 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Ids for `text` as written (special tokens in it are matched whole; no BOS/EOS is added)."""
         return self.backend.encode(text)
+
+    def encode_raw(self, text: str) -> list[int]:
+        """Ids for a raw completion prompt (no chat template): BOS first when the model wants it."""
+        bos = [self.bos_id] if self.add_bos and self.bos_id is not None else []
+        ids = self.encode(text)
+        return ids if ids[:1] == bos else bos + ids
+
+    def use_template(self, source: str, origin: str) -> None:
+        """Render chats with `source` (a --chat-template file) instead of the model's; checked now."""
+        self.chat_template = _checked_template(source, origin) or source
+        self.template_origin, self.has_chat_template, self.template_note = origin, True, None
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens)
@@ -187,7 +209,10 @@ def _from_gguf(path: Path) -> Tokenizer:
     extra = [meta["tokenizer.ggml.eot_token_id"]] if "tokenizer.ggml.eot_token_id" in meta else []
     where = f"{path}: metadata tokenizer.chat_template"
     template = _checked_template(meta.get("tokenizer.chat_template"), where)
-    return Tokenizer(HFBackend(gguf_tokenizer.build(meta, path)), template, special, eos_id, extra, where)
+    arch = meta.get("general.architecture")
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", meta.get("tokenizer.ggml.model") == "llama"))
+    return Tokenizer(HFBackend(gguf_tokenizer.build(meta, path)), template, special, eos_id, extra, where,
+                     arch=arch if isinstance(arch, str) else None, add_bos=add_bos)
 
 
 def _checked_template(template: Any, where: str) -> str | None:
@@ -277,4 +302,7 @@ def _from_dir(path: Path) -> Tokenizer:
     generation = _read_json(path / "generation_config.json")
     eos = generation.get("eos_token_id")
     extra = [e for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int)]
-    return Tokenizer(backend, template, special, None, extra, where)
+    arch = _read_json(path / "config.json").get("model_type")
+    arch = {"gemma3_text": "gemma3"}.get(arch, arch) if isinstance(arch, str) else None
+    return Tokenizer(backend, template, special, None, extra, where, arch=arch,
+                     add_bos=bool(config.get("add_bos_token", False)))

@@ -1,4 +1,7 @@
-"""A decoder-only transformer for the llama, mistral, qwen2 and qwen3 families, in plain PyTorch.
+"""A decoder-only transformer for the llama, mistral, qwen2, qwen3 and gemma3 families, in plain PyTorch.
+
+The families differ by a few switches of `ModelConfig` (gpt-fast's ModelArgs spirit): Gemma 3 adds norms
+after attention and the MLP, GeGLU, scaled embeddings, and sliding-window layers with their own rope base.
 
 One `forward` serves prefill, one-token decode and the verification of k+1 speculated tokens: it takes
 token ids and their absolute positions, writes their keys/values into a preallocated cache and attends
@@ -165,11 +168,19 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-def rope_frequencies(config: ModelConfig) -> Tensor:
-    """Inverse frequencies per rotary pair, with llama3-style or linear scaling when configured."""
+def is_norm_weight(name: str) -> bool:
+    """Whether a parameter is an RMSNorm's gain (those a `norm_unit_offset` checkpoint stores as gain - 1)."""
+    return name.endswith(("norm.weight", "layernorm.weight"))
+
+
+def rope_frequencies(config: ModelConfig, local: bool = False) -> Tensor:
+    """Inverse frequencies per rotary pair, with llama3-style or linear scaling when configured.
+
+    `local`: those of sliding-window layers (Gemma 3: their own base, never scaled)."""
     d = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    scaling = config.rope_scaling or {}
+    theta = config.rope_local_theta if local else config.rope_theta
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    scaling = {} if local else config.rope_scaling or {}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "linear":
         inv_freq = inv_freq / scaling["factor"]
@@ -199,11 +210,13 @@ class Attention(nn.Module):
         super().__init__()
         c = config
         self.layer, self.n_heads, self.n_kv_heads, self.head_dim = layer, c.n_heads, c.n_kv_heads, c.head_dim
+        self.scale = c.query_scale or c.head_dim ** -0.5
+        self.window = c.layer_windows[layer]  # 0: attends to every earlier position
         self.q_proj = nn.Linear(c.dim, c.n_heads * c.head_dim, bias=c.qkv_bias)
         self.k_proj = nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=c.qkv_bias)
         self.v_proj = nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=c.qkv_bias)
         self.o_proj = nn.Linear(c.n_heads * c.head_dim, c.dim, bias=False)
-        if c.qk_norm:  # qwen3 normalises each head's q and k before rotation
+        if c.qk_norm:  # qwen3 and gemma3 normalise each head's q and k before rotation
             self.q_norm = RMSNorm(c.head_dim, c.norm_eps)
             self.k_norm = RMSNorm(c.head_dim, c.norm_eps)
 
@@ -217,17 +230,18 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if x.is_cuda and T <= 16 and B == 1 and USE_TRITON_ATTENTION:
+        if x.is_cuda and T <= 16 and B == 1 and USE_TRITON_ATTENTION and not self.window:
             # Decode and verification on CUDA: the Triton kernel reads the cache in its stored form, each
             # row up to its own position (no mask), in a fixed order: batch invariant, graph-capturable.
             from ..kernels.triton_attention import decode_attention, write_kv
 
             layer = cache.layer_tensors(self.layer)
             write_kv(cache.kind, layer, k[0], v[0], pos)
-            y = decode_attention(q[0].transpose(0, 1), cache.kind, layer, pos, self.head_dim ** -0.5)
+            y = decode_attention(q[0].transpose(0, 1), cache.kind, layer, pos, self.scale)
             return self.o_proj(y.reshape(B, T, self.n_heads * self.head_dim))
         k, v = cache.update(self.layer, pos, k, v, window)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv_heads)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
+                                           enable_gqa=self.n_heads != self.n_kv_heads)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 
@@ -237,22 +251,43 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.dim, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.dim, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.dim, bias=False)
+        self.gelu = config.mlp_act == "gelu_tanh"  # GeGLU (Gemma) instead of SwiGLU
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate = self.gate_proj(x)
+        gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.down_proj(gate * self.up_proj(x))
 
 
 class Block(nn.Module):
+    """Attention then MLP, each on a normed input and added to the residual.
+
+    Names follow each family's checkpoints: in llama's, `post_attention_layernorm` is the norm *before* the
+    MLP; Gemma 3 ("sandwich" norms) calls that one `pre_feedforward_layernorm` and also norms each output
+    (`post_attention_layernorm`, `post_feedforward_layernorm`) before adding it. `mlp_norm` is the one
+    feeding the MLP, whatever its name.
+    """
+
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.dim, config.norm_eps)
         self.self_attn = Attention(config, layer)
         self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
         self.mlp = MLP(config)
+        self.sandwich = config.sandwich_norms
+        if self.sandwich:
+            self.pre_feedforward_layernorm = RMSNorm(config.dim, config.norm_eps)
+            self.post_feedforward_layernorm = RMSNorm(config.dim, config.norm_eps)
+
+    @property
+    def mlp_norm(self) -> RMSNorm:
+        return self.pre_feedforward_layernorm if self.sandwich else self.post_attention_layernorm
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, pos: Tensor, cache: KVCache) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, pos, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.self_attn(self.input_layernorm(x), cos, sin, mask, pos, cache)
+        x = x + (self.post_attention_layernorm(h) if self.sandwich else h)
+        h = self.mlp(self.mlp_norm(x))
+        return x + (self.post_feedforward_layernorm(h) if self.sandwich else h)
 
 
 class Transformer(nn.Module):
@@ -266,6 +301,8 @@ class Transformer(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", rope_frequencies(config), persistent=False)
+        if any(config.layer_windows) and config.rope_local_theta:
+            self.register_buffer("inv_freq_local", rope_frequencies(config, local=True), persistent=False)
 
     def new_cache(self, max_len: int | None = None, batch: int = 1, kind: str = "fp") -> KVCache:
         """A cache on the model's device for up to `max_len` positions, stored as `kind` (KV_CACHE_TYPES)."""
@@ -283,15 +320,31 @@ class Transformer(nn.Module):
         >= 1 + the largest position. A small window, rounded up to a bucket, reads fewer slots without a
         host sync inside the step; passed as an argument it stays symbolic under torch.compile.
         """
-        x = self.embed_tokens(tokens)
-        angles = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
-        angles = torch.cat((angles, angles), dim=-1)[:, None]  # [B, 1, T, D]
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        x = self.embed(tokens)
+        rope = {False: self._rotation(positions, self.inv_freq, x.dtype)}
+        if hasattr(self, "inv_freq_local"):
+            rope[True] = self._rotation(positions, self.inv_freq_local, x.dtype)
         slots = torch.arange(cache.window if window is None else window, device=tokens.device)
-        mask = (slots[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, window]
+        causal = (slots[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, window]
+        masks = {w: causal & (slots[None, None, :] > positions[:, :, None] - w)[:, None]
+                 for w in set(self.config.layer_windows) if w}
         pos = positions[0]
         for layer in self.layers:
-            x = layer(x, cos, sin, mask, pos, cache)
+            w = layer.self_attn.window
+            cos, sin = rope[bool(w) and True in rope]
+            x = layer(x, cos, sin, masks[w] if w else causal, pos, cache)
         if last_only:
             x = x[:, -1:]
         return self.lm_head(self.norm(x)).float()
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        x = self.embed_tokens(tokens)
+        if self.config.embed_scale:  # sqrt(dim) rounded to the weights' dtype first, as Gemma's reference does
+            x = x * torch.tensor(self.config.dim ** 0.5).to(x.dtype)
+        return x
+
+    @staticmethod
+    def _rotation(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        angles = positions[..., None].float() * inv_freq  # [B, T, D/2]
+        angles = torch.cat((angles, angles), dim=-1)[:, None]  # [B, 1, T, D]
+        return angles.cos().to(dtype), angles.sin().to(dtype)

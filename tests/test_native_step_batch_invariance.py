@@ -180,13 +180,13 @@ def test_every_pass_length_up_to_33_gives_the_same_logits(kind: str) -> None:
     seed = 33 + KV_CACHE_TYPES.index(kind)
     rng = random.Random(seed)
     model = small_model(True, seed)
-    assert attach(model, head_bits=8) is None
+    step = NativeStep.for_model(model, head_bits=8)
     ids = [rng.randrange(300) for _ in range(300)]
     cache = model.new_cache(600, kind=kind)
     with torch.inference_mode():
-        whole = model(torch.tensor([ids]), torch.arange(300)[None], cache)[0]
+        whole = step(torch.tensor([ids]), torch.arange(300)[None], cache)[0]
         for T in range(1, 34):
             for start in (37, 256 - T // 2 - 1):  # inside block 0; across the edge of blocks 0 and 1
-                got = model(torch.tensor([ids[start : start + T]]), torch.arange(start, start + T)[None], cache)[0]
+                got = step(torch.tensor([ids[start : start + T]]), torch.arange(start, start + T)[None], cache)[0]
                 assert torch.equal(got, whole[start : start + T]), (
                     f"seed={seed} kind={kind}: a {T}-token pass at {start} differs from the whole pass")

@@ -103,26 +103,33 @@ class LayerRunner:
     def __init__(self, model: nn.Module, seq_len: int, device: torch.device, dtype: torch.dtype,
                  chunk: int) -> None:
         positions = torch.arange(seq_len, device=device)
-        angles = positions[None, :, None].float() * model.inv_freq.to(device)  # [1, T, D/2]
-        angles = torch.cat((angles, angles), dim=-1)[:, None]  # [1, 1, T, D], as Transformer.forward
-        self.cos, self.sin = angles.cos().to(dtype), angles.sin().to(dtype)
-        self.mask = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()[None, None]
+        # Per attention window (0: global), its rotation and mask: Gemma 3's sliding layers have their own.
+        self.rope, self.masks = {}, {}
+        causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+        for w in set(model.config.layer_windows):
+            inv_freq = model.inv_freq_local if w and hasattr(model, "inv_freq_local") else model.inv_freq
+            angles = positions[None, :, None].float() * inv_freq.to(device)  # [1, T, D/2]
+            angles = torch.cat((angles, angles), dim=-1)[:, None]  # [1, 1, T, D], as Transformer.forward
+            self.rope[w] = angles.cos().to(dtype), angles.sin().to(dtype)
+            self.masks[w] = (causal.triu(1 - w) if w else causal)[None, None]
         self.pos, self.cache, self.chunk = positions, _SequenceCache(), chunk
 
     @classmethod
     def like(cls, other: LayerRunner, dtype: torch.dtype) -> LayerRunner:
         run = copy(other)
-        run.cos, run.sin = other.cos.to(dtype), other.sin.to(dtype)
+        run.rope = {w: (cos.to(dtype), sin.to(dtype)) for w, (cos, sin) in other.rope.items()}
         return run
 
     def map(self, fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
         return torch.cat([fn(part) for part in x.split(self.chunk)])
 
     def block(self, block: nn.Module, x: Tensor) -> Tensor:
-        return self.map(lambda p: block(p, self.cos, self.sin, self.mask, self.pos, self.cache), x)
+        w = block.self_attn.window
+        return self.map(lambda p: block(p, *self.rope[w], self.masks[w], self.pos, self.cache), x)
 
     def attention(self, attn: nn.Module, x: Tensor) -> Tensor:
-        return self.map(lambda p: attn(p, self.cos, self.sin, self.mask, self.pos, self.cache), x)
+        w = attn.window
+        return self.map(lambda p: attn(p, *self.rope[w], self.masks[w], self.pos, self.cache), x)
 
 
 @dataclass
@@ -145,7 +152,7 @@ def scale_groups(block: nn.Module, feats: dict[str, Tensor], run: LayerRunner) -
     # fewer outputs than o has inputs, and (as AutoAWQ) o is not scaled.
     if attn.v_proj.weight.shape == attn.o_proj.weight.shape:
         groups.append(ScaleGroup("o", attn.v_proj, [attn.o_proj], feats["o"], attn.o_proj, linear_output=True))
-    groups.append(ScaleGroup("gate_up", block.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj],
+    groups.append(ScaleGroup("gate_up", block.mlp_norm, [mlp.gate_proj, mlp.up_proj],
                              feats["gate_up"], lambda x: run.map(mlp, x)))
     groups.append(ScaleGroup("down", mlp.up_proj, [mlp.down_proj], feats["down"], mlp.down_proj,
                              linear_output=True))
@@ -361,7 +368,7 @@ def awq_quantize(model: nn.Module, tokens: Tensor, settings: AWQSettings | None 
     device = torch.device(device) if device is not None else home
     dtype = model.norm.weight.dtype
     run = LayerRunner(model, tokens.shape[1], device, dtype, settings.chunk)
-    x = model.embed_tokens(tokens.to(home)).to(device)
+    x = model.embed(tokens.to(home)).to(device)
     start = time.monotonic()
     n = len(model.layers)
     for i, block in enumerate(model.layers):

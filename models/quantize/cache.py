@@ -168,7 +168,8 @@ def tokenizer_files(files: ModelFiles, out: Path) -> list[Path]:
         return []
     out.mkdir(parents=True, exist_ok=True)
     hf.save(str(out / "tokenizer.json"))
-    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", **tok.special_tokens}
+    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", **tok.special_tokens,
+                              "add_bos_token": tok.add_bos}
     if tok.has_chat_template:
         config["chat_template"] = tok.chat_template
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ..config import ConfigError, ModelConfig
-from ..transformer import Transformer, rope_frequencies
+from ..transformer import Transformer, is_norm_weight, rope_frequencies
 from .int4_linear import Int4Linear
 
 WEIGHTS_NAME = "model.safetensors"
@@ -53,6 +53,8 @@ def save_awq(model: Transformer, config: ModelConfig, tokenizer_files: Iterable[
     for name, t in model.state_dict().items():
         if name == "lm_head.weight" and config.tie_embeddings:
             continue
+        if config.norm_unit_offset and is_norm_weight(name):
+            t = t.float() - 1  # Gemma's checkpoints store w for a gain of 1 + w (what transformers reads)
         if t.is_floating_point() and not name.endswith(".scales"):
             t = t.to(dtype)
         key = name if name.startswith("lm_head.") else f"model.{name}"
