@@ -51,7 +51,7 @@ def product_gmacs(engine, rows: list[int], repeats: int) -> dict:
 
     from ..kernels import native
 
-    step = engine.model.native
+    step = engine.native
     if step is None:
         return {"error": "the native step is not attached (PARLEY_NATIVE=0 or no compiler)"}
     lib = step.lib
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
                          threads=args.threads)
     ids = engine.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
     results: dict = {"model": engine.model_name, "quantization": engine.quantization, "kv_cache": engine.kv_cache,
-                     "path": "native" if engine.model.native is not None else "torch", "threads": threads,
+                     "path": engine.step_kind, "threads": threads,
                      "depths": []}
     for depth in depths:
         ctx = (ids * (depth // len(ids) + 1))[:depth] if depth else ids

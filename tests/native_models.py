@@ -28,14 +28,16 @@ def small_model(int4: bool, seed: int = 0, arch: str = "llama", norms: bool = Fa
     return model
 
 
-def logits_in_chunks(model: Transformer, ids: list[int], chunks: list[int], kind: str) -> torch.Tensor:
-    """Run `ids` through a fresh cache in passes of the given sizes; logits of every position."""
+def logits_in_chunks(model: Transformer, ids: list[int], chunks: list[int], kind: str, step=None) -> torch.Tensor:
+    """Run `ids` through a fresh cache in passes of the given sizes (on `step`, else the model's own forward);
+    logits of every position."""
     cache = model.new_cache(600, kind=kind)
+    step = step or model
     out, start = [], 0
     with torch.inference_mode():
         for n in chunks:
             t = torch.tensor([ids[start : start + n]])
             pos = torch.arange(start, start + n)[None]
-            out.append(model(t, pos, cache)[0])
+            out.append(step(t, pos, cache)[0])
             start += n
     return torch.cat(out)

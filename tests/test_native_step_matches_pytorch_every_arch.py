@@ -15,7 +15,7 @@ from native_models import logits_in_chunks, small_model
 
 from parley.kernels import native
 from parley.models.config import SUPPORTED_ARCHITECTURES
-from parley.models.native_step import attach
+from parley.models.native_step import NativeStep, NativeUnavailable
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native step unavailable: {native.why_unavailable()}")
 
@@ -30,9 +30,11 @@ def test_native_step_equals_the_pytorch_forward(arch: str, int4: bool) -> None:
         assert not torch.equal(q, k)
     ids = [(7 * i + seed) % 300 for i in range(70)]
     ref = logits_in_chunks(model, ids, [70], "fp")
-    why = attach(model, head_bits=32)
-    assert why is None, f"{arch}: the native step did not attach: {why}"
-    got = logits_in_chunks(model, ids, [40, 30], "fp")
+    try:
+        step = NativeStep.for_model(model, head_bits=32)
+    except NativeUnavailable as why:
+        raise AssertionError(f"{arch}: the native step declined the model: {why}") from None
+    got = logits_in_chunks(model, ids, [40, 30], "fp", step)
     if int4:
         rel = ((got - ref).norm() / ref.norm()).item()
         assert rel < 0.05, f"seed={seed} {arch} INT4: relative error {rel}"

@@ -16,7 +16,7 @@ import torch
 from native_models import logits_in_chunks, small_model
 
 from parley.kernels import native
-from parley.models.native_step import attach
+from parley.models.native_step import NativeStep
 from parley.models.transformer import KV_CACHE_TYPES
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native step unavailable: {native.why_unavailable()}")
@@ -36,8 +36,8 @@ def test_sharp_attention_over_many_key_blocks_matches_the_pytorch_path(kind: str
     ids = [rng.randrange(300) for _ in range(590)]
     ref = logits_in_chunks(model, ids, [590], kind)
     assert torch.isfinite(ref).all()
-    assert attach(model, head_bits=32) is None
-    got = logits_in_chunks(model, ids, [500, 90], kind)
+    step = NativeStep.for_model(model, head_bits=32)
+    got = logits_in_chunks(model, ids, [500, 90], kind, step)
     tol = {"fp": 1e-3, "bf16": 1e-2}.get(kind, 0.1)  # sharp softmax amplifies storage error
     for lo, hi in [(0, 256), (256, 512), (512, 590)]:
         assert torch.isfinite(got[lo:hi]).all(), f"seed={seed} kind={kind}: non-finite logits at {lo}..{hi}"
