@@ -24,11 +24,12 @@ from textual.worker import Worker
 from parley.app import paste_budget
 from parley.app.attachments import AttachmentController
 from parley.app.commands import ParleyCommands
-from parley.app.engine_lifecycle import EngineLifecycle, EngineLoader, EngineUpgrade
+from parley.app.engine_lifecycle import EngineLifecycle, EngineLoader, EngineUpgrade, ModelLoader
 from parley.app.reply_controller import ReplyController, without_marks
 from parley.app.screens.dialogs import SystemPromptScreen
 from parley.app.screens.help import HelpScreen
 from parley.app.screens.history import Deleted, HistoryScreen, Renamed
+from parley.app.screens.model_picker import RECENT_KEY, remember
 from parley.app.settings import Settings, apply_values, params_values
 from parley.app.store import Conversation, Store, compose_user_content
 from parley.app.widgets.attachment import Attachment
@@ -68,6 +69,10 @@ class ParleyApp(App[int]):
         Binding("ctrl+t", "toggle_drafts", "Drafts", show=False,
                 tooltip="Colour the tokens that came from accepted drafts (on/off)"),
         Binding("f8", "reset_params", "Defaults", show=False, tooltip="Reset sampling settings to defaults"),
+        Binding("f5", "pick_model", "Model", show=False,
+                tooltip="Switch model: a cached or recent one, or a hub id or path (the chat carries over)"),
+        Binding("f12", "speculation", "Speculation", show=False,
+                tooltip="Speculation: how replies are sped up, explained (sampling panel)"),
         Binding("f1", "help", "Help", tooltip="Show all keys"),
     ]
 
@@ -78,6 +83,7 @@ class ParleyApp(App[int]):
         load_engine: EngineLoader,
         *,
         upgrade_engine: EngineUpgrade | None = None,
+        load_model: ModelLoader | None = None,
         model_ref: str | None = None,
         store: Store | None = None,
         settings: Settings | None = None,
@@ -98,7 +104,7 @@ class ParleyApp(App[int]):
         saved_system = self.settings.get("system_prompt", "")
         self._system_prompt_draft = system_prompt if system_prompt is not None else str(saved_system or "")
         self._session: SessionLike | None = None
-        self.engines = EngineLifecycle(self, load_engine, upgrade_engine)
+        self.engines = EngineLifecycle(self, load_engine, upgrade_engine, load_model)
         self.replies = ReplyController(self, batch_interval)
         self.attachments = AttachmentController(self)
         self._store_problem: str | None = None
@@ -193,7 +199,7 @@ class ParleyApp(App[int]):
         # Loading: quitting and help; and the settings and history while the chat screen shows.
         allowed = ("help", "quit", "help_quit", "command_palette")
         if self.engines.loading is None:
-            allowed += ("toggle_params", "reset_params", "toggle_drafts", "history")
+            allowed += ("toggle_params", "reset_params", "toggle_drafts", "history", "speculation")
         return action in allowed
 
     # typing anywhere on the chat screen goes to the prompt
@@ -442,6 +448,35 @@ class ParleyApp(App[int]):
             for m in self.chat.messages:
                 m.show_drafts()
         self.notify("Drafted tokens are highlighted" if on else "Drafted tokens: colouring off")
+
+    def action_pick_model(self) -> None:
+        if self.engines.load_model is None:
+            self.notify("Switching models works with the local engine, not with --server", severity="warning")
+            return
+        from parley.app.screens.model_picker import ModelPickerScreen, cached_models
+
+        recent = self.settings.get(RECENT_KEY, [])
+        screen = ModelPickerScreen(self.status.model, [r for r in recent if isinstance(r, str)]
+                                   if isinstance(recent, list) else [], cached_models())
+
+        def chosen(ref: str | None) -> None:
+            if ref:
+                self.engines.switch_model(ref)
+
+        self.push_screen(screen, chosen)
+
+    def model_switched(self, ref: str) -> None:
+        """A model picked in the picker is loaded: remembered as used lately."""
+        self.model_ref = ref
+        self.settings.set(RECENT_KEY, remember(self.settings.get(RECENT_KEY, []), ref))
+
+    def action_speculation(self) -> None:
+        """Open the sampling panel on the speculation choice, where each choice is explained."""
+        main = self.screen_stack[0].query_one("#main")
+        main.add_class("-params")
+        select = self.panel.query_one("#speculation", Select)
+        self.screen.set_focus(select)
+        self.panel.scroll_to_widget(select)
 
     def action_toggle_params(self) -> None:
         main = self.screen_stack[0].query_one("#main")

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from parley.app.chat_app import ParleyApp
 
 EngineLoader = Callable[[ProgressFn | None], EngineLike]
+# Another model, by reference (hub id, folder or .gguf), for a switch without restarting.
+ModelLoader = Callable[[str, ProgressFn | None], EngineLike]
 # A second, better engine made in the background (e.g. AWQ INT4 after a first run on the unquantized
 # weights); None when there is nothing to upgrade to.
 EngineUpgrade = Callable[[ProgressFn | None], EngineLike | None]
@@ -47,13 +49,16 @@ def to_ui(app: ParleyApp, callback: Callable[..., object], *args: object) -> Non
 class EngineLifecycle:
     """Owns the loading screen while one shows, and the engine waiting to be switched to; sets `app.engine`."""
 
-    def __init__(self, app: ParleyApp, load_engine: EngineLoader, upgrade_engine: EngineUpgrade | None) -> None:
+    def __init__(self, app: ParleyApp, load_engine: EngineLoader, upgrade_engine: EngineUpgrade | None,
+                 load_model: ModelLoader | None = None) -> None:
         self.app = app
+        self.load_model = load_model
         self._load_engine = load_engine
         self._upgrade_engine = upgrade_engine
         self.loading: LoadingScreen | None = None  # shown only for real work: a download, a quantization
         self.next_engine: EngineLike | None = None  # ready in the background, switched to between replies
         self._attempt = 0  # a retry supersedes a load still running: only the latest attempt's result counts
+        self._model = 0  # bumped by a switch of model: an INT4 upgrade of the model before it is dropped
 
     def load(self) -> threading.Thread:
         """Load on a background thread; a new load (a retry) replaces one still running."""
@@ -136,15 +141,18 @@ class EngineLifecycle:
 
     def _make_upgrade(self) -> None:
         assert self._upgrade_engine is not None
+        model = self._model
         try:
             engine = self._upgrade_engine(self._throttled(self._show_upgrade_progress))
         except Exception as error:
             to_ui(self.app, self._upgrade_failed, error)
             return
-        if engine is not None:
+        if engine is not None and model == self._model:
             to_ui(self.app, self._upgrade_ready, engine)
 
     def _show_upgrade_progress(self, p: Progress) -> None:
+        if self._model:  # another model was switched to: this upgrade no longer matters
+            return
         if p.stage == "quantize" and p.total:
             self.app.status.background = f"making INT4: layer {int(p.done)} of {int(p.total)}"
         else:
@@ -159,6 +167,44 @@ class EngineLifecycle:
         app = self.app
         self.next_engine = engine
         app.status.background = "INT4 ready: switching after this reply" if app.generating else ""
+        if not app.generating:
+            self.switch_pending()
+
+    def switch_model(self, ref: str) -> None:
+        """Load `ref` in the background while the chat goes on; switch to it between replies."""
+        assert self.load_model is not None
+        self._model += 1
+        model, app = self._model, self.app
+        app.status.background = f"loading {ref}…"
+
+        def show(p: Progress) -> None:
+            if model == self._model:
+                done = f" {int(p.done)} of {int(p.total)}" if p.total and p.unit == "layer" else ""
+                app.status.background = f"loading {ref}: {p.detail or p.stage}{done}"
+
+        def load() -> None:
+            try:
+                engine = self.load_model(ref, self._throttled(show))
+            except Exception as error:  # the chat stays on the model it has
+                to_ui(app, self._switch_failed, model, ref, error)
+            else:
+                to_ui(app, self._switch_ready, model, ref, engine)
+
+        in_background(app, load, "parley-switch")
+
+    def _switch_failed(self, model: int, ref: str, error: BaseException) -> None:
+        if model == self._model:
+            self.app.status.background = ""
+            self.app.notify(f"Could not load {ref}: {type(error).__name__}: {error}. Staying on "
+                            f"{self.app.status.model}.", severity="error", timeout=15, markup=False)
+
+    def _switch_ready(self, model: int, ref: str, engine: EngineLike) -> None:
+        if model != self._model:
+            return
+        app = self.app
+        app.model_switched(ref)
+        self.next_engine = engine
+        app.status.background = f"{engine.model_name} ready: switching after this reply" if app.generating else ""
         if not app.generating:
             self.switch_pending()
 

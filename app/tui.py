@@ -37,9 +37,17 @@ def build_app(args: argparse.Namespace):
         return Engine.load(model, quant=quant, draft=args.draft, progress=progress,
                            compile=getattr(args, "compile", None), **cli.engine_options(args), **kwargs)
 
+    def load_model(ref: str, progress):
+        """Another model, picked in the app (F5): loaded (and quantized, the first time) as the flags say."""
+        from parley.engine.engine import Engine
+
+        kwargs = {"device": device} if device else {}
+        return Engine.load(ref, quant=args.quant, progress=progress, compile=getattr(args, "compile", None),
+                           **cli.engine_options(args), **kwargs)
+
     loader = QuantizeInBackground(load, "none" if args.server else args.quant)
-    return ParleyApp(loader.load, upgrade_engine=loader.upgrade, model_ref=model, params=params,
-                     settings=settings, system_prompt=args.system)
+    return ParleyApp(loader.load, upgrade_engine=loader.upgrade, load_model=None if args.server else load_model,
+                     model_ref=model, params=params, settings=settings, system_prompt=args.system)
 
 
 def run(args: argparse.Namespace) -> int:
