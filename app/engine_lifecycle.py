@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from parley.app.screens.loading import LoadingScreen
+from parley.app.screens.model_picker import RECENT_KEY, ModelPickerScreen, cached_models, remember
 from parley.app.widgets.status_bar import model_words
 from parley.engine.protocol import EngineLike
 from parley.models.progress import Progress, ProgressFn
@@ -170,6 +171,21 @@ class EngineLifecycle:
         if not app.generating:
             self.switch_pending()
 
+    def pick_model(self) -> None:
+        """The model picker; the model picked is loaded in the background and switched to between replies."""
+        app = self.app
+        if self.load_model is None:
+            app.notify("Switching models works with the local engine, not with --server", severity="warning")
+            return
+        recent = app.settings.get(RECENT_KEY, [])
+        recent = [r for r in recent if isinstance(r, str)] if isinstance(recent, list) else []
+
+        def chosen(ref: str | None) -> None:
+            if ref:
+                self.switch_model(ref)
+
+        app.push_screen(ModelPickerScreen(app.status.model, recent, cached_models()), chosen)
+
     def switch_model(self, ref: str) -> None:
         """Load `ref` in the background while the chat goes on; switch to it between replies."""
         assert self.load_model is not None
@@ -202,7 +218,8 @@ class EngineLifecycle:
         if model != self._model:
             return
         app = self.app
-        app.model_switched(ref)
+        app.model_ref = ref
+        app.settings.set(RECENT_KEY, remember(app.settings.get(RECENT_KEY, []), ref))  # offered next time
         self.next_engine = engine
         app.status.background = f"{engine.model_name} ready: switching after this reply" if app.generating else ""
         if not app.generating:
