@@ -58,7 +58,8 @@ class ParleyApp(App[int]):
         Binding("ctrl+o", "open_file", "Open file", show=False, tooltip="Attach a file by its path"),
         Binding("f9", "export", "Export", show=False, tooltip="Export this conversation as Markdown"),
         Binding("ctrl+b", "copy_reply", "Copy reply", show=False, tooltip="Copy the last reply (OSC 52)"),
-        Binding("ctrl+l", "copy_code", "Copy code", show=False, tooltip="Copy the last code block of the last reply"),
+        Binding("ctrl+l", "copy_reply(True)", "Copy code", show=False,
+                tooltip="Copy the last code block of the last reply"),
         Binding("ctrl+t", "toggle_drafts", "Drafts", show=False,
                 tooltip="Colour the tokens that came from accepted drafts (on/off)"),
         Binding("f8", "reset_params", "Defaults", show=False, tooltip="Reset sampling settings to defaults"),
@@ -248,18 +249,10 @@ class ParleyApp(App[int]):
         self.conversations.reset_params()
 
     def action_export(self) -> None:
-        if self.conversation is None:
-            self.notify("Nothing to export yet", severity="warning")
-        else:
-            self.conversations.export(self.conversation.id)
+        self.conversations.export()
 
-    def action_copy_reply(self) -> None:
-        if (reply := self.conversations.last_reply()) is not None:
-            reply.action_copy_message()
-
-    def action_copy_code(self) -> None:
-        if (reply := self.conversations.last_reply()) is not None:
-            reply.action_copy_code()
+    def action_copy_reply(self, code: bool = False) -> None:
+        self.conversations.copy_last_reply(code)
 
     def action_open_file(self) -> None:
         self.attachments.open_file()
@@ -328,20 +321,3 @@ class ParleyApp(App[int]):
 
     async def on_deleted(self, event: Deleted) -> None:
         await self.conversations.deleted(event.conversation_id)
-
-    # kept for callers outside the app (tests, the history screen)
-    async def send(self, text: str) -> None:
-        await self.conversations.send(text)
-
-    async def resume(self, conversation_id: int) -> None:
-        await self.conversations.resume(conversation_id)
-
-    def export_conversation(self, conversation_id: int) -> Path | None:
-        return self.conversations.export(conversation_id)
-
-    async def attach_file(self, path: Path) -> None:
-        await self.attachments.attach_file(path)
-
-    def load_engine(self) -> None:
-        """Load the engine (again, on the loading screen's retry)."""
-        self.engines.load()

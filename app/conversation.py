@@ -228,8 +228,13 @@ class ConversationController:
 
         app.push_screen(screen, saved)
 
-    def export(self, conversation_id: int) -> Path | None:
+    def export(self, conversation_id: int | None = None) -> Path | None:
+        """Write a conversation (this one by default) as Markdown in the export folder, and say where."""
         app = self.app
+        if conversation_id is None and self.conversation is None:
+            app.notify("Nothing to export yet", severity="warning")
+            return None
+        conversation_id = conversation_id if conversation_id is not None else self.conversation.id
         conversation = app.store.conversation(conversation_id)
         if conversation is None:
             return None
@@ -242,9 +247,13 @@ class ConversationController:
         app.notify(f"Exported to {path}", title="Export", timeout=10, markup=False)
         return path
 
-    def last_reply(self) -> ChatMessage | None:
+    def copy_last_reply(self, code: bool = False) -> None:
+        """Copy the last reply, or its last code block."""
         replies = [m for m in self.app.chat.messages if m.role == "assistant"]
-        return replies[-1] if replies else None
+        if replies and code:
+            replies[-1].action_copy_code()
+        elif replies:
+            replies[-1].action_copy_message()
 
     # sampling values: kept for the next start, and per conversation where it changed them
     def _overrides(self) -> dict[str, object]:
