@@ -57,7 +57,7 @@ class AttachmentController:
         if self.app.attachment is None:
             self.app.notify("Paste a document first, then Ctrl+S summarises it")
             return
-        await self.app.send(SUMMARISE_PROMPT)
+        await self.app.conversations.send(SUMMARISE_PROMPT)
 
     async def remove(self) -> None:
         if (chip := self.app.attachment) is not None:
@@ -86,7 +86,7 @@ class AttachmentController:
     def count(self, text: str) -> None:
         """Measure `text` against what the conversation already takes, off the UI thread."""
         app = self.app
-        conversation, max_new_tokens = app.conversation_texts(), app.params.max_new_tokens
+        conversation, max_new_tokens = app.conversations.texts(), app.params.max_new_tokens
         app.run_worker(lambda: self._measure(text, conversation, max_new_tokens), name="measure_attachment",
                        group="count", exclusive=True, thread=True, exit_on_error=False)
 

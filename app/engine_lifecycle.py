@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from parley.app.screens.loading import LoadingScreen
+from parley.app.screens.model_picker import RECENT_KEY, ModelPickerScreen, cached_models, remember
 from parley.app.widgets.status_bar import model_words
 from parley.engine.protocol import EngineLike
 from parley.models.progress import Progress, ProgressFn
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from parley.app.chat_app import ParleyApp
 
 EngineLoader = Callable[[ProgressFn | None], EngineLike]
+# Another model, by reference (hub id, folder or .gguf), for a switch without restarting.
+ModelLoader = Callable[[str, ProgressFn | None], EngineLike]
 # A second, better engine made in the background (e.g. AWQ INT4 after a first run on the unquantized
 # weights); None when there is nothing to upgrade to.
 EngineUpgrade = Callable[[ProgressFn | None], EngineLike | None]
@@ -47,13 +50,16 @@ def to_ui(app: ParleyApp, callback: Callable[..., object], *args: object) -> Non
 class EngineLifecycle:
     """Owns the loading screen while one shows, and the engine waiting to be switched to; sets `app.engine`."""
 
-    def __init__(self, app: ParleyApp, load_engine: EngineLoader, upgrade_engine: EngineUpgrade | None) -> None:
+    def __init__(self, app: ParleyApp, load_engine: EngineLoader, upgrade_engine: EngineUpgrade | None,
+                 load_model: ModelLoader | None = None) -> None:
         self.app = app
+        self.load_model = load_model
         self._load_engine = load_engine
         self._upgrade_engine = upgrade_engine
         self.loading: LoadingScreen | None = None  # shown only for real work: a download, a quantization
         self.next_engine: EngineLike | None = None  # ready in the background, switched to between replies
         self._attempt = 0  # a retry supersedes a load still running: only the latest attempt's result counts
+        self._model = 0  # bumped by a switch of model: an INT4 upgrade of the model before it is dropped
 
     def load(self) -> threading.Thread:
         """Load on a background thread; a new load (a retry) replaces one still running."""
@@ -136,15 +142,18 @@ class EngineLifecycle:
 
     def _make_upgrade(self) -> None:
         assert self._upgrade_engine is not None
+        model = self._model
         try:
             engine = self._upgrade_engine(self._throttled(self._show_upgrade_progress))
         except Exception as error:
             to_ui(self.app, self._upgrade_failed, error)
             return
-        if engine is not None:
+        if engine is not None and model == self._model:
             to_ui(self.app, self._upgrade_ready, engine)
 
     def _show_upgrade_progress(self, p: Progress) -> None:
+        if self._model:  # another model was switched to: this upgrade no longer matters
+            return
         if p.stage == "quantize" and p.total:
             self.app.status.background = f"making INT4: layer {int(p.done)} of {int(p.total)}"
         else:
@@ -159,6 +168,60 @@ class EngineLifecycle:
         app = self.app
         self.next_engine = engine
         app.status.background = "INT4 ready: switching after this reply" if app.generating else ""
+        if not app.generating:
+            self.switch_pending()
+
+    def pick_model(self) -> None:
+        """The model picker; the model picked is loaded in the background and switched to between replies."""
+        app = self.app
+        if self.load_model is None:
+            app.notify("Switching models works with the local engine, not with --server", severity="warning")
+            return
+        recent = app.settings.get(RECENT_KEY, [])
+        recent = [r for r in recent if isinstance(r, str)] if isinstance(recent, list) else []
+
+        def chosen(ref: str | None) -> None:
+            if ref:
+                self.switch_model(ref)
+
+        app.push_screen(ModelPickerScreen(app.status.model, recent, cached_models()), chosen)
+
+    def switch_model(self, ref: str) -> None:
+        """Load `ref` in the background while the chat goes on; switch to it between replies."""
+        assert self.load_model is not None
+        self._model += 1
+        model, app = self._model, self.app
+        app.status.background = f"loading {ref}…"
+
+        def show(p: Progress) -> None:
+            if model == self._model:
+                done = f" {int(p.done)} of {int(p.total)}" if p.total and p.unit == "layer" else ""
+                app.status.background = f"loading {ref}: {p.detail or p.stage}{done}"
+
+        def load() -> None:
+            try:
+                engine = self.load_model(ref, self._throttled(show))
+            except Exception as error:  # the chat stays on the model it has
+                to_ui(app, self._switch_failed, model, ref, error)
+            else:
+                to_ui(app, self._switch_ready, model, ref, engine)
+
+        in_background(app, load, "parley-switch")
+
+    def _switch_failed(self, model: int, ref: str, error: BaseException) -> None:
+        if model == self._model:
+            self.app.status.background = ""
+            self.app.notify(f"Could not load {ref}: {type(error).__name__}: {error}. Staying on "
+                            f"{self.app.status.model}.", severity="error", timeout=15, markup=False)
+
+    def _switch_ready(self, model: int, ref: str, engine: EngineLike) -> None:
+        if model != self._model:
+            return
+        app = self.app
+        app.model_ref = ref
+        app.settings.set(RECENT_KEY, remember(app.settings.get(RECENT_KEY, []), ref))  # offered next time
+        self.next_engine = engine
+        app.status.background = f"{engine.model_name} ready: switching after this reply" if app.generating else ""
         if not app.generating:
             self.switch_pending()
 

@@ -163,3 +163,6 @@ class ReplyController:
         """The app is going away: let the engine thread stop at its next round instead of running on."""
         if self.active is not None:
             self.active.cancel.set()
+            self.active = None  # nothing is drawn any more: the screen is going
+        if self._timer is not None:
+            self._timer.pause()

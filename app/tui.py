@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
+import sys
 
 from parley.app import cli
 
@@ -33,12 +36,32 @@ def build_app(args: argparse.Namespace):
 
         return engine_from_args(args, progress=progress, quant=quant)
 
+    def load_model(ref: str, progress):
+        """Another model, picked in the app (F5): loaded (and quantized, the first time) as the flags say."""
+        from parley.engine.engine import Engine
+
+        kwargs = {"device": device} if device else {}
+        return Engine.load(ref, quant=args.quant, progress=progress, compile=getattr(args, "compile", None),
+                           **cli.engine_options(args), **kwargs)
+
     loader = QuantizeInBackground(load, "none" if args.server else args.quant)
-    return ParleyApp(loader.load, upgrade_engine=loader.upgrade, model_ref=model, params=params,
-                     settings=settings, system_prompt=args.system)
+    return ParleyApp(loader.load, upgrade_engine=loader.upgrade, load_model=None if args.server else load_model,
+                     model_ref=model, params=params, settings=settings, system_prompt=args.system)
 
 
 def run(args: argparse.Namespace) -> int:
     app = build_app(args)
     app.run()
+    if app.return_code is not None:  # it ran and quit (None: it never ran)
+        atexit.register(exit_now, app.return_code)
     return app.return_code or 0  # 1 after quitting from the "could not load the model" screen
+
+
+def exit_now(code: int) -> None:
+    """The first exit handler: end the process without the interpreter's teardown. With torch loaded that
+    teardown takes seconds on a busy machine (the quit would look hung), and a daemon thread's own deadline
+    (a browser tab's, web.py) cannot fire during it. Nothing is lost: the store and the settings are written
+    as they change, and every cache write is atomic."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

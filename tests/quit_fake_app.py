@@ -37,7 +37,7 @@ if __name__ == "__main__":
                     settings=Settings(folder / "settings.json"), export_dir=folder)
 
     def busy() -> bool:
-        return app.engine is None if state == "loading" else "background" in app.status.background.lower()
+        return app.engine is None if state == "loading" else "INT4" in app.status.background
 
     async def press_when_busy() -> None:
         if not busy():

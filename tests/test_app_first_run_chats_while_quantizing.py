@@ -108,8 +108,9 @@ async def test_plain_load_shows_no_progress_screen_and_says_it_is_loading(tmp_pa
         try:
             await wait_until(lambda: "reading model.gguf" in str(app.status.render()))
             assert not isinstance(app.screen, LoadingScreen) and app.prompt.has_focus
-            await pilot.press("h", "i", "enter")  # typed while loading: kept, not lost
-            assert app.prompt.text == "hi"
+            await pilot.press("h", "i", "enter")  # sent while loading: queued, answered once the model is in
+            await wait_until(lambda: [m.content for m in app.chat.messages] == ["hi"])
         finally:
             gate.set()
         await wait_until(lambda: app.engine is engine)
+        await wait_until(lambda: engine.calls and not app.generating)

@@ -40,7 +40,7 @@ async def test_unreadable_file_says_why(tmp_path, kind):
     app, _ = make_app(tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
         await ready(app, pilot)
-        await app.attach_file(path)
+        await app.attachments.attach_file(path)
         await pilot.pause()
         assert app.attachment is None
         expected = "not UTF-8 text" if kind == "binary" else "Could not read"

@@ -39,7 +39,7 @@ async def test_tui_chats_with_a_remote_engine(tmp_path):
             await wait_until(lambda: len(server.finished) == 2 and not app.generating, timeout=180)
             await pilot.pause()
             assert [m.content for m in app.chat.messages] == [QUESTION, expected]
-            path = app.export_conversation(app.conversation.id)
+            path = app.conversations.export(app.conversation.id)
 
             params.max_new_tokens = 400
             await send(app, pilot, "Now tell me a long story about Paris.")

@@ -82,7 +82,7 @@ async def test_a_conversation_keeps_its_own_values(tmp_path):
         await pilot.press("f2", "home")  # and 0.0 after, in a new chat
         await wait_until(lambda: app.params.temperature == 0.0)
         await pilot.press("f2")
-        await app.resume(first)
+        await app.conversations.resume(first)
         assert app.params.temperature == 2.0  # the resumed conversation's own value
         assert app.query_one("#slider-temperature", Slider).value == 2.0
         await pilot.press("ctrl+n")

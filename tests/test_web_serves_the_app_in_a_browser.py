@@ -29,6 +29,16 @@ def test_web_command_runs_chat_with_the_flags_given():
     assert web.HOST == "127.0.0.1"
 
 
+def test_tabs_share_one_engine_server():
+    """`parley web` loads the model once, in a `parley serve` on 127.0.0.1; each tab's chat talks to it."""
+    args = cli.build_parser().parse_args(["web", "--model", "org/m", "--quant", "none", "--temperature", "0.2"])
+    serve = web.serve_command(args, 5555)
+    assert serve[1:] == ["-m", "parley.app.cli", "serve", "--host", "127.0.0.1", "--port", "5555",
+                         "--model", "org/m", "--quant", "none"]
+    chat = web.chat_command(args, "http://127.0.0.1:5555/v1")
+    assert chat.endswith("-m parley.app.cli chat --temperature 0.2 --server http://127.0.0.1:5555/v1")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

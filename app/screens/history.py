@@ -160,7 +160,7 @@ class HistoryScreen(ModalScreen[int | None]):
     def action_export(self) -> None:
         conv_id = self._selected()
         if conv_id is not None:
-            self.app.export_conversation(conv_id)  # type: ignore[attr-defined]
+            self.app.conversations.export(conv_id)  # type: ignore[attr-defined]
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # Letters type into the rename and search boxes while they have focus.

@@ -145,4 +145,4 @@ class LoadingScreen(Screen[None]):
         self.remove_class("-failed")
         self.query_one("#loading-error", Static).update("")
         self.refresh_bindings()
-        self.app.load_engine()  # type: ignore[attr-defined]
+        self.app.engines.load()  # type: ignore[attr-defined]

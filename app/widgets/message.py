@@ -125,6 +125,15 @@ class ChatView(VerticalScroll):
     def on_mount(self) -> None:
         self.anchor()
 
+    def toggle_drafts(self) -> bool:
+        """Switch every reply between its formatted view and the "drafted tokens coloured" one; True when on."""
+        self.toggle_class("-show-drafts")
+        on = self.has_class("-show-drafts")
+        if on:
+            for m in self.messages:
+                m.show_drafts()
+        return on
+
     @property
     def messages(self) -> list[ChatMessage]:
         return list(self.query_children(ChatMessage))

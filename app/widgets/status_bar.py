@@ -59,7 +59,9 @@ class StatusBar(Widget):
     # Work going on behind the chat, e.g. "INT4 in the background: layer 12 of 30".
     background: reactive[str] = reactive("")
 
-    def figures(self) -> list[str]:
+    def figures(self, compact: int = 0) -> list[str]:
+        """The figures, most important first; `compact` 1 shortens the speculation figure, 2 also leaves out
+        the time to the first token (for narrow terminals)."""
         s = self.stats
         parts = []
         if self.prefill is not None:
@@ -72,17 +74,19 @@ class StatusBar(Widget):
                 parts.append("reading the prompt…")
             else:
                 parts.append(f"~{rate:.1f} tok/s")
-                parts.append(f"ttft {ttft:.2f}s")
+                if compact < 2:
+                    parts.append(f"ttft {ttft:.2f}s")
                 parts.append(f"{tokens} tok")
         elif s is not None:
             parts.append(f"{s.tokens_per_s:.1f} tok/s")
-            parts.append(f"ttft {s.ttft_s:.2f}s")
+            if compact < 2:
+                parts.append(f"ttft {s.ttft_s:.2f}s")
         # The context before the speculation figures: it matters more when the terminal is narrow.
         window = self.context_window or (s.context_window if s and s.context_window else 0)
         if window:
             parts.append(f"ctx {min(self.context_used, window):,}/{window:,}")
         if s is not None and s.proposed:
-            parts.append(speculation_words(s))
+            parts.append(speculation_words(s) if not compact else f"{s.acceptance_rate:.0%} of guesses kept")
         return parts
 
     def render(self) -> Text:
@@ -94,14 +98,21 @@ class StatusBar(Widget):
         width = self.content_size.width
         if right.cell_len > width:  # background work gives way only once the figures have gone
             right.truncate(width, overflow="ellipsis")
-        left = Text(no_wrap=True, overflow="ellipsis")
-        if self.generating:
-            left.append("● ", "bold")
-        for i, part in enumerate(self.figures()):
-            if i:
-                left.append(" │ ", "dim")
-            left.append(part, "bold" if i == 0 and (self.stats or self.live or self.prefill) else "")
         room = max(0, width - right.cell_len - 2)
+        for compact in range(3):  # shorter forms before cutting
+            left = self._figures_text(compact)
+            if left.cell_len <= room:
+                break
         left.truncate(room, overflow="ellipsis")
         left.pad_right(max(0, width - left.cell_len - cell_len(right.plain)))
         return left + right
+
+    def _figures_text(self, compact: int) -> Text:
+        left = Text(no_wrap=True, overflow="ellipsis")
+        if self.generating:
+            left.append("● ", "bold")
+        for i, part in enumerate(self.figures(compact)):
+            if i:
+                left.append(" │ ", "dim")
+            left.append(part, "bold" if i == 0 and (self.stats or self.live or self.prefill) else "")
+        return left
