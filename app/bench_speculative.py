@@ -221,13 +221,13 @@ def llama_lookup(peer: tuple[Path, Path], prompt: str, depth: int, args: argpars
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
         f.write(prompt)
         f.flush()
-        run = subprocess.run([str(bin_dir / "llama-lookup"), "-m", str(model), "-f", f.name, "-n", str(args.new_tokens),
-                              "--temp", "0", "-t", threads, "-c", str(depth + args.new_tokens + 64),
-                              "--draft-max", str(args.draft_tokens), *(["--ignore-eos"] if args.ignore_eos else [])],
-                             capture_output=True, text=True, timeout=600)
+        command = [str(bin_dir / "llama-lookup"), "-m", str(model), "-f", f.name, "-n", str(args.new_tokens),
+                   "--temp", "0", "-t", threads, "-c", str(depth + args.new_tokens + 64),
+                   "--spec-draft-n-max", str(args.draft_tokens), *(["--ignore-eos"] if args.ignore_eos else [])]
+        run = subprocess.run(command, capture_output=True, text=True, timeout=900)
     log = run.stdout + run.stderr
     figures = {k: re.search(rf"{k}\s*=\s*([\d.]+)", log) for k in ("n_predict", "n_drafted", "n_accept")}
-    speed = re.search(r"decoded\s+\d+\s+tokens in\s+[\d.]+\s+s, speed:\s+([\d.]+)", log)
+    speed = re.search(r"decoded\s+\d+\s+tokens in\s+[\d.]+\s+seconds, speed:\s+([\d.]+)", log)
     if run.returncode or speed is None or not all(figures.values()):
         return {"llama.cpp lookup": {"error": f"llama-lookup rc={run.returncode}: {log.strip()[-300:]}"}}
     n, drafted, accepted = (int(float(figures[k].group(1))) for k in ("n_predict", "n_drafted", "n_accept"))

@@ -109,12 +109,13 @@ class Session:
             if scores:  # verify only the guesses worth their share of a longer pass (measured costs)
                 del draft[best_length(scores, cost, (landed + 1) / (expected + 1)):]
             # forward + verify: one target pass scores every guess and decides one token past them
+            verifying = round_clock()
             logits = target.forward([pending, *draft])
             new = verify(sampling.probs(logits, params, history=context, drafted=draft), draft, q, generator)
             adapt.update(len(draft), len(new) - 1)
-            seconds = round_clock() - started
-            cost.add(1 + len(draft), seconds)
-            pay.add(len(draft), len(new), seconds)
+            done = round_clock()
+            cost.add(1 + len(draft), done - verifying)  # the pass; the drafting is judged with the round
+            pay.add(len(draft), len(new), done - started)
             if scores:
                 landed, expected = landed + len(new) - 1, expected + sum(scores[: len(draft)])
             # commit what is shown: up to a stop token (whose KV is never claimed) and the budget

@@ -60,16 +60,22 @@ def best_length(scores: Sequence[float], cost: PassCost, calibration: float = 1.
 
 class PayCheck:
     """The `auto` mode's judgement over one reply: after `min_rounds` drafted rounds, speculation stays
-    on only while its tokens per second are at least plain decoding's (one token per 1-token round)."""
+    on only while its tokens per second are at least plain decoding's (one token per 1-token round).
+    The first drafted round is not counted: it carries the drafter's one-off catching up with the
+    prompt (indexing a pasted document, a draft model's prefill)."""
 
     def __init__(self, cost: PassCost, min_rounds: int = 6) -> None:
         self.cost, self.min_rounds = cost, min_rounds
         self.rounds = self.tokens = 0  # drafted rounds and the tokens they decided
         self.seconds = 0.0
         self.note = ""  # why speculation was turned off, in plain words ("" while it is on)
+        self._warm = False
 
     def add(self, drafted: int, tokens: int, seconds: float) -> None:
-        if drafted:
+        """One round: `drafted` guesses verified, `tokens` decided, in `seconds` (drafting included)."""
+        if drafted and not self._warm:
+            self._warm = True
+        elif drafted:
             self.rounds, self.tokens, self.seconds = self.rounds + 1, self.tokens + tokens, self.seconds + seconds
 
     @property

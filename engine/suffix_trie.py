@@ -30,6 +30,7 @@ class SuffixTrie:
         self._count = array("l", [0])  # occurrences of the node's string
         self._out = array("l", [0])  # occurrences followed by a token (sum of the children's counts)
         self._best = array("l", [-1])  # the child token seen most often (the newest among equals); -1: none
+        self._best_count = array("l", [0])  # that child's count
         self._active: list[int] = [0]  # the node of each suffix of `ids`, by length 0..depth-1
 
     def __len__(self) -> int:
@@ -50,7 +51,7 @@ class SuffixTrie:
             self.append(t)
 
     def append(self, token: int) -> None:
-        child, count, out, best = self._child, self._count, self._out, self._best
+        child, count, out, best, best_count = self._child, self._count, self._out, self._best, self._best_count
         active = [0]
         for node in self._active:
             key = node << _SHIFT | token
@@ -60,11 +61,11 @@ class SuffixTrie:
                 count.append(0)
                 out.append(0)
                 best.append(-1)
-            count[c] += 1
+                best_count.append(0)
+            n = count[c] = count[c] + 1
             out[node] += 1
-            b = best[node]
-            if b < 0 or count[c] >= count[child[node << _SHIFT | b]]:
-                best[node] = token
+            if n >= best_count[node]:
+                best[node], best_count[node] = token, n
             if len(active) < self.depth:
                 active.append(c)
         self.ids.append(token)
@@ -77,7 +78,8 @@ class SuffixTrie:
         if n <= 0:
             self.__init__(self.depth)
             return
-        ids, child, count, out, best = self.ids, self._child, self._count, self._out, self._best
+        ids, child, count, out, best, best_count = (self.ids, self._child, self._count, self._out, self._best,
+                                                    self._best_count)
         for end in range(len(ids), n, -1):  # undo the appends of ids[n:], newest first
             token = ids[end - 1]
             for start in range(max(0, end - self.depth), end):  # the paths ids[start:end] that append made
@@ -88,9 +90,12 @@ class SuffixTrie:
                 count[c] -= 1
                 out[node] -= 1
                 if out[node] == 0:
-                    best[node] = -1
-                elif best[node] == token and count[c] == 0:  # still a child otherwise (maybe no longer the
-                    best[node] = self._most_frequent_child(node)  # most frequent: a worse guess, never a wrong one)
+                    best[node], best_count[node] = -1, 0
+                elif best[node] == token:  # still a child unless its count reached 0 (maybe no longer the
+                    best_count[node] = count[c]  # most frequent: a worse guess, never a wrong one)
+                    if count[c] == 0:
+                        best[node] = self._most_frequent_child(node)
+                        best_count[node] = count[child[node << _SHIFT | best[node]]]
         del ids[n:]
         self._active = [0]
         for start in range(max(0, n - self.depth + 1), n):

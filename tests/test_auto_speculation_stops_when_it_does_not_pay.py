@@ -1,7 +1,7 @@
 """`auto` turns drafting off for the rest of a reply once its measured tokens per second fall below
 plain decoding's, says so in `Stats.speculation_note`, and keeps a drafter that pays. The rounds are
-timed by a fake clock (each guess costs half a plain round), so the verdicts do not depend on the
-machine; the replies stay token-identical to plain decoding either way."""
+timed by a fake clock (each read advances it by one plain pass; each guess adds a fifth of that), so
+the verdicts do not depend on the machine; the replies stay token-identical to plain decoding."""
 
 import pytest
 from single_thread import single_thread  # noqa: F401
@@ -20,7 +20,7 @@ class Clock:
         self.t = 0.0
 
     def __call__(self) -> float:
-        self.t += 0.5  # two reads a round: a plain round costs 1.0
+        self.t += 1.0  # a read a step: a 1-token pass (between two reads) costs 1.0
         return self.t
 
 
@@ -34,7 +34,7 @@ class Guesser:
     def propose(self, context, k, params=None, generator=None):
         done = len(context) - self.start  # reply tokens already decided (the context ends with the newest)
         guesses = self.reply[done : done + k]
-        self.clock.t += 0.5 * len(guesses)  # each guess makes the round dearer by half a plain round
+        self.clock.t += 0.2 * len(guesses)  # each guess makes the round dearer by a fifth of a plain pass
         return (guesses if self.right else [(t + 1) % 256 for t in guesses]), None
 
 
@@ -60,7 +60,7 @@ def test_auto_keeps_drafting_only_while_it_pays(monkeypatch, right):
     got, stats = run(eng, PARAMS)
     assert got == plain
     assert stats.drafter == guesser.name
-    if right:  # 4 guesses + 1 in 3 plain-round times: drafting pays and stays on
+    if right:  # 5 tokens in 2.8 pass times (4 guesses + one more read): drafting pays and stays on
         assert stats.speculation_note == "" and stats.tokens_per_target_pass > 3, stats
     else:
         assert "turned off" in stats.speculation_note, stats

@@ -35,6 +35,8 @@ def test_best_length_trades_expected_tokens_for_pass_cost():
 def test_paycheck_turns_drafting_off_only_when_slower_than_plain():
     c = cost(1.0, 0.3)
     slow, fast = PayCheck(c, min_rounds=4), PayCheck(c, min_rounds=4)
+    slow.add(drafted=4, tokens=5, seconds=100.0)  # the first drafted round (indexing the prompt) is not judged
+    fast.add(drafted=4, tokens=1, seconds=100.0)
     for _ in range(4):
         assert slow.pays() and fast.pays()  # no verdict before min_rounds drafted rounds
         slow.add(drafted=4, tokens=1, seconds=2.2)  # 1 token per 2.2 plain-round times
@@ -47,6 +49,7 @@ def test_paycheck_turns_drafting_off_only_when_slower_than_plain():
 
 def test_paycheck_asks_for_a_plain_round_to_compare_with():
     check = PayCheck(PassCost(), min_rounds=2)
+    check.add(drafted=3, tokens=1, seconds=1.0)
     check.add(drafted=3, tokens=1, seconds=1.0)
     assert not check.needs_plain_round
     check.add(drafted=3, tokens=1, seconds=1.0)

@@ -24,7 +24,7 @@ def reply(eng, prompt: str, speculation: str) -> tuple[str, Stats, Done]:
     return text, [e for e in events if isinstance(e, Stats)][-1], events[-1]
 
 
-@pytest.mark.parametrize("drafter", ["prompt-lookup", "draft-model", "self-draft"])
+@pytest.mark.parametrize("drafter", ["prompt-lookup", "suffix", "draft-model", "self-draft"])
 def test_greedy_speculation_equals_plain(drafter):
     plain = tiny_engine(seed=3)
     plain.tokenizer.stop_ids = frozenset()
@@ -37,7 +37,7 @@ def test_greedy_speculation_equals_plain(drafter):
         draft = None
     spec = tiny_engine(seed=3, draft=draft)
     spec.tokenizer.stop_ids = frozenset()
-    mode = "prompt-lookup" if draft is None else "draft"
+    mode = drafter if draft is None else "draft"
     proposed = accepted = 0
     for prompt in PROMPTS:
         want, _, _ = reply(plain, prompt, "off")

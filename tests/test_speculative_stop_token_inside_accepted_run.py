@@ -43,7 +43,8 @@ def test_stop_token_inside_an_accepted_run_ends_the_reply():
     assert stats.drafter == "self:2"
 
 
-@pytest.mark.parametrize(("mode", "name"), [("off", ""), ("prompt-lookup", "prompt lookup")])
+@pytest.mark.parametrize(("mode", "name"),
+                         [("off", ""), ("prompt-lookup", "prompt lookup"), ("suffix", "suffix match")])
 def test_stats_name_the_drafter(mode, name):
     _, deltas, stats, _ = reply(tiny_engine(seed=3), mode, frozenset())
     assert stats.drafter == name
