@@ -1081,7 +1081,8 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
     }
 #pragma omp parallel
     {
-        if (md->head.kind == W_Q8) quantize_acts(xn, rows, dim, dim, &a);
+        if (md->head.kind != W_F32)  // the int8 head quantizes per row; a 4-bit head per its groups
+            quantize_acts(xn, rows, dim, md->head.kind == W_Q4 ? md->head.group : dim, &a);
         linear(&md->head, rows, xn, &a, logits);
     }
     std::free(x); std::free(xn); std::free(qkv); std::free(att); std::free(gu); std::free(tmp);
