@@ -38,11 +38,10 @@ def build_app(args: argparse.Namespace):
 
     def load_model(ref: str, progress):
         """Another model, picked in the app (F5): loaded (and quantized, the first time) as the flags say."""
-        from parley.engine.engine import Engine
+        from parley.app.engine_from_args import engine_from_args
 
-        kwargs = {"device": device} if device else {}
-        return Engine.load(ref, quant=args.quant, progress=progress, compile=getattr(args, "compile", None),
-                           **cli.engine_options(args), **kwargs)
+        # the same flags, another model; no draft (a draft belongs to the model it was chosen for)
+        return engine_from_args(argparse.Namespace(**{**vars(args), "model": ref, "draft": None}), progress=progress)
 
     loader = QuantizeInBackground(load, "none" if args.server else args.quant)
     return ParleyApp(loader.load, upgrade_engine=loader.upgrade, load_model=None if args.server else load_model,

@@ -50,7 +50,12 @@ struct Layer {
     Lin o;                   // N = dim
     Lin gate_up;             // fused and interleaved by 16 columns: gate[16], up[16], gate[16], ...
     Lin down;
-    int32_t window;          // sliding-window attention: position p attends keys (p - window, p]; 0 = global
+    int32_t window;          // 0: global attention; else position p attends to keys j with p - window < j <= p
+    // Gemma 3 (null / unused elsewhere):
+    const float* post_attn_norm;  // [dim]: norms the attention output before the residual add
+    const float* post_ffn_norm;   // [dim]: norms the MLP output before the residual add
+    const float* rope_cos;        // [max_pos][head_dim/2]: this layer's own table (sliding layers), or null
+    const float* rope_sin;
 };
 
 struct Model {
@@ -63,6 +68,9 @@ struct Model {
     int32_t max_pos;
     Lin head;
     const Layer* layers;
+    float embed_scale;       // embeddings times this (Gemma: sqrt(dim)); 0: not scaled
+    float attn_scale;        // softmax scale of q.k; 0: 1/sqrt(head_dim)
+    int32_t act;             // the MLP's gate activation: 0 SiLU (SwiGLU), 1 tanh-approximated GELU (GeGLU)
 };
 
 // One layer's cache, [KVH][L][D] per tensor. int8: value = q * scale[kvh][pos]. k8v4: V packed as bytes
@@ -931,6 +939,16 @@ static void silu_mul_row(const float* r, int I, float* out) {
 #endif
 }
 
+// out[j] = gelu_tanh(gate[j]) * up[j] (Gemma's GeGLU), same layout; PyTorch's tanh approximation.
+static void gelu_mul_row(const float* r, int I, float* out) {
+    for (int j = 0; j < I; j++) {
+        const int blk = j / 16, off = j % 16;
+        const float g = r[blk * 32 + off], u = r[blk * 32 + 16 + off];
+        const float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+        out[j] = 0.5f * g * (1.0f + std::tanh(inner)) * u;
+    }
+}
+
 static void rope_row(float* x, int D, const float* cos, const float* sin) {  // halves layout, as HF
     const int h = D / 2;
     for (int i = 0; i < h; i++) {
@@ -1068,9 +1086,13 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
     const size_t part_stride = (size_t)G * (D + 2);  // one block's partial for one kv head
     float* parts = (float*)scratch((size_t)M * KVH * nblk * part_stride * 4);
     float* att_scores = (float*)scratch((size_t)nthreads * G * ATT_BLOCK * 4);
-    const float scale = 1.0f / std::sqrt((float)D);
+    const float scale = md->attn_scale > 0 ? md->attn_scale : 1.0f / std::sqrt((float)D);
 
-    for (int m = 0; m < M; m++) std::memcpy(x + (size_t)m * dim, md->embed + (size_t)tokens[m] * dim, dim * 4);
+    for (int m = 0; m < M; m++) {
+        std::memcpy(x + (size_t)m * dim, md->embed + (size_t)tokens[m] * dim, dim * 4);
+        if (md->embed_scale != 0.0f)
+            for (int i = 0; i < dim; i++) x[(size_t)m * dim + i] *= md->embed_scale;
+    }
     const int first = last_only ? M - 1 : 0, rows = M - first;
 
     // One parallel region for the whole pass: each step below splits its rows / columns / heads over the
@@ -1092,8 +1114,8 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
         for (int m = 0; m < M; m++) {  // q/k norm (qwen3), rotary, then the new K/V into the cache
             float* row = qkv + (size_t)m * QKV;
             const int p = (int)positions[m];
-            const float* cs = md->rope_cos + (size_t)p * (D / 2);
-            const float* sn = md->rope_sin + (size_t)p * (D / 2);
+            const float* cs = (L->rope_cos ? L->rope_cos : md->rope_cos) + (size_t)p * (D / 2);
+            const float* sn = (L->rope_sin ? L->rope_sin : md->rope_sin) + (size_t)p * (D / 2);
             for (int h = 0; h < H + KVH; h++) {
                 float* v = row + h * D;
                 if (L->q_norm) rmsnorm_row(v, h < H ? L->q_norm : L->k_norm, v, D, md->eps);
@@ -1113,6 +1135,7 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++) {
             float* xr = x + (size_t)m * dim;
+            if (L->post_attn_norm) rmsnorm_row(tmp + (size_t)m * dim, L->post_attn_norm, tmp + (size_t)m * dim, dim, md->eps);
             for (int i = 0; i < dim; i++) xr[i] += tmp[(size_t)m * dim + i];
             rmsnorm_row(xr, L->ffn_norm, xn + (size_t)m * dim, dim, md->eps);
             if (L->gate_up.kind != W_F32)
@@ -1120,12 +1143,18 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
         }
         linear(&L->gate_up, M, xn, &a, gu);
 #pragma omp for schedule(static)
-        for (int m = 0; m < M; m++) {  // SiLU(gate) * up, undoing the 16-column interleave, then quantized
-            silu_mul_row(gu + (size_t)m * 2 * I, I, xn + (size_t)m * I);
+        for (int m = 0; m < M; m++) {  // SiLU(gate) * up (or GeGLU), undoing the 16-column interleave, then quantized
+            if (md->act == 1) gelu_mul_row(gu + (size_t)m * 2 * I, I, xn + (size_t)m * I);
+            else silu_mul_row(gu + (size_t)m * 2 * I, I, xn + (size_t)m * I);
             if (L->down.kind != W_F32)
                 quantize_row(xn + (size_t)m * I, I, L->down.group, &a, m);
         }
         linear(&L->down, M, xn, &a, tmp);
+        if (L->post_ffn_norm) {
+#pragma omp for schedule(static)
+            for (int m = 0; m < M; m++)
+                rmsnorm_row(tmp + (size_t)m * dim, L->post_ffn_norm, tmp + (size_t)m * dim, dim, md->eps);
+        }
     }
     for (int m = first; m < M; m++) {
         float* xr = x + (size_t)m * dim;
@@ -1134,7 +1163,8 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
     }
 #pragma omp parallel
     {
-        if (md->head.kind == W_Q8) quantize_acts(xn, rows, dim, dim, &a);
+        if (md->head.kind != W_F32)  // the int8 head quantizes per row; a 4-bit head per its groups
+            quantize_acts(xn, rows, dim, md->head.kind == W_Q4 ? md->head.group : dim, &a);
         linear(&md->head, rows, xn, &a, logits);
     }
     std::free(x); std::free(xn); std::free(qkv); std::free(att); std::free(gu); std::free(tmp);

@@ -50,7 +50,8 @@ class Lin(ctypes.Structure):
 class Layer(ctypes.Structure):
     _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("q_norm", ctypes.c_void_p),
                 ("k_norm", ctypes.c_void_p), ("qkv", Lin), ("o", Lin), ("gate_up", Lin), ("down", Lin),
-                ("window", ctypes.c_int32)]  # sliding-window attention: keys (p - window, p]; 0 = global
+                ("window", ctypes.c_int32), ("post_attn_norm", ctypes.c_void_p), ("post_ffn_norm", ctypes.c_void_p),
+                ("rope_cos", ctypes.c_void_p), ("rope_sin", ctypes.c_void_p)]
 
 
 class Model(ctypes.Structure):
@@ -58,7 +59,8 @@ class Model(ctypes.Structure):
                 ("n_kv_heads", ctypes.c_int32), ("head_dim", ctypes.c_int32), ("inter", ctypes.c_int32),
                 ("vocab", ctypes.c_int32), ("eps", ctypes.c_float), ("embed", ctypes.c_void_p),
                 ("final_norm", ctypes.c_void_p), ("rope_cos", ctypes.c_void_p), ("rope_sin", ctypes.c_void_p),
-                ("max_pos", ctypes.c_int32), ("head", Lin), ("layers", ctypes.POINTER(Layer))]
+                ("max_pos", ctypes.c_int32), ("head", Lin), ("layers", ctypes.POINTER(Layer)),
+                ("embed_scale", ctypes.c_float), ("attn_scale", ctypes.c_float), ("act", ctypes.c_int32)]
 
 
 class KV(ctypes.Structure):

