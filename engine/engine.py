@@ -99,7 +99,8 @@ class Engine:
 
         configure_threads(threads)
         # On the CPU the native step: one call per pass, integer dot products, batch invariant.
-        step = prepare_for_device(model, native=native)
+        step = prepare_for_device(model, native=native, progress=progress,
+                                  packed_dir=files.path if files.kind == "dir" else None)
         drafter: Drafter | None = None
         if draft:
             from .speculative import load_draft
