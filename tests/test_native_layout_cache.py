@@ -26,23 +26,16 @@ def logits(engine: Engine) -> torch.Tensor:
     return engine.forward(IDS)
 
 
-def packed_files(engine: Engine) -> list:
-    return sorted(p.name for p in engine_folder(engine).glob("native-*"))
-
-
-def engine_folder(engine: Engine):
-    return engine.awq_folder
-
-
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
     return str(write_hf_dir(outlier_model(seed=5), tmp_path_factory.mktemp("tiny") / "model"))
 
 
 def load(source: str) -> Engine:
-    engine = Engine.load(source, quant="awq", device="cpu")
+    """The engine a start with `--quant awq` gets; `awq_folder` is where its quantized weights are cached."""
     from parley.models.quantize.cache import cache_root
 
+    engine = Engine.load(source, quant="awq", device="cpu")
     (engine.awq_folder,) = [p for p in cache_root().iterdir() if p.is_dir() and not p.name.startswith(".")]
     return engine
 
@@ -59,7 +52,7 @@ def test_second_start_maps_the_cached_layout_and_computes_the_same(source, monke
     first = load(source)
     assert first.step_kind == "native"
     want = logits(first)
-    files = packed_files(first)
+    files = sorted(p.name for p in first.awq_folder.glob("native-*"))
     assert len(files) == 2 and files[0].endswith(".json") and files[1].endswith(".safetensors"), files
     with monkeypatch.context() as m:
         no_packing(m)
