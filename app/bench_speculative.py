@@ -143,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
         engine.tokenizer.stop_ids = frozenset()
     drafts = {}
     for spec in [d.strip() for d in (args.draft or "").split(",") if d.strip() and d.strip() != "none"]:
-        drafts[spec] = load_draft(spec, engine.model, resolve(args.model), engine.tokenizer)
+        drafts[spec] = load_draft(spec, engine.model, resolve(args.model), engine.tokenizer,
+                                  native=engine.native is not None)
     doc = document()
     cases = {"summarise": [{"role": "user", "content": SUMMARY_PROMPT + doc}]}
     if args.public_document != "none":

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..models.progress import ProgressFn
+from ..models.progress import Progress, ProgressFn
 from ..models.transformer import KV_CACHE_TYPES, Transformer
 from .cached_model import CachedModel, Step
 from .protocol import Capabilities
@@ -100,6 +100,8 @@ class Engine:
             quantization = "awq-int4"
         elif quant != "none":
             raise ValueError(f"--quant {quant!r}: expected 'awq' or 'none'")
+        if progress is not None:
+            progress(Progress("load", 0, 0, "", f"reading the weights of {name}"))
         model = load_model(files, dtype=dtype, device=dev)
         if quantization == "none" and model.config.quantization:
             quantization = f"{model.config.quantization.get('quant_method', 'quantized')}-int4"
@@ -108,7 +110,8 @@ class Engine:
 
         configure_threads(threads)
         # On the CPU the native step: one call per pass, integer dot products, batch invariant.
-        step = prepare_for_device(model, native=native)
+        step = prepare_for_device(model, native=native, progress=progress,
+                                  packed_dir=files.path if files.kind == "dir" else None)
         drafter: Drafter | None = None
         if draft:
             from .speculative import load_draft

@@ -286,7 +286,8 @@ def load_draft(spec: str, target: Transformer, target_files, tokenizer, *, progr
         draft_tokenizer = load_tokenizer(files)
     model = load_model(files, dtype=weight.dtype, device=weight.device)
     return DraftModel(model, draft_tokenizer, tokenizer, vocab_size=target.config.vocab_size, name=spec,
-                      native=prepare_for_device(model, native=native))
+                      native=prepare_for_device(model, native=native, progress=progress,
+                                                packed_dir=files.path if files.kind == "dir" else None))
 
 
 class AdaptiveDraftLength:

@@ -1174,3 +1174,36 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
     return 0;
 }
 
+
+// ---------------------------------------------------------------------------------------------------
+// The structs' layout as this compiler lays them out, for the ctypes mirror in kernels/native.py to be
+// checked against (tests/test_native_structs_match_the_library.py). A field added to a struct is added here.
+#include <cstddef>
+
+struct FieldLayout { const char* type; const char* field; int offset, size; };  // field "": the whole struct
+#define PARLEY_STRUCT(S) {#S, "", 0, (int)sizeof(S)}
+#define PARLEY_FIELD(S, F) {#S, #F, (int)offsetof(S, F), (int)sizeof(((S*)nullptr)->F)}
+static const FieldLayout parley_layout_table[] = {
+    PARLEY_STRUCT(Lin), PARLEY_FIELD(Lin, kind), PARLEY_FIELD(Lin, N), PARLEY_FIELD(Lin, K),
+    PARLEY_FIELD(Lin, group), PARLEY_FIELD(Lin, q), PARLEY_FIELD(Lin, s), PARLEY_FIELD(Lin, s16),
+    PARLEY_FIELD(Lin, z), PARLEY_FIELD(Lin, w), PARLEY_FIELD(Lin, bias),
+    PARLEY_STRUCT(Layer), PARLEY_FIELD(Layer, attn_norm), PARLEY_FIELD(Layer, ffn_norm),
+    PARLEY_FIELD(Layer, q_norm), PARLEY_FIELD(Layer, k_norm), PARLEY_FIELD(Layer, qkv), PARLEY_FIELD(Layer, o),
+    PARLEY_FIELD(Layer, gate_up), PARLEY_FIELD(Layer, down),
+    PARLEY_STRUCT(Model), PARLEY_FIELD(Model, dim), PARLEY_FIELD(Model, n_layers), PARLEY_FIELD(Model, n_heads),
+    PARLEY_FIELD(Model, n_kv_heads), PARLEY_FIELD(Model, head_dim), PARLEY_FIELD(Model, inter),
+    PARLEY_FIELD(Model, vocab), PARLEY_FIELD(Model, eps), PARLEY_FIELD(Model, embed),
+    PARLEY_FIELD(Model, final_norm), PARLEY_FIELD(Model, rope_cos), PARLEY_FIELD(Model, rope_sin),
+    PARLEY_FIELD(Model, max_pos), PARLEY_FIELD(Model, head), PARLEY_FIELD(Model, layers),
+    PARLEY_STRUCT(KV), PARLEY_FIELD(KV, k), PARLEY_FIELD(KV, v), PARLEY_FIELD(KV, ks), PARLEY_FIELD(KV, vs),
+    PARLEY_FIELD(KV, vm),
+    PARLEY_STRUCT(Cache), PARLEY_FIELD(Cache, kind), PARLEY_FIELD(Cache, max_len), PARLEY_FIELD(Cache, layers),
+};
+
+// Entry i of the table (0 past its end): struct name, field name ("" for the struct), offset, size.
+extern "C" int parley_layout(int i, const char** type, const char** field, int* offset, int* size) {
+    if (i < 0 || i >= (int)(sizeof(parley_layout_table) / sizeof(parley_layout_table[0]))) return 0;
+    const FieldLayout& e = parley_layout_table[i];
+    *type = e.type; *field = e.field; *offset = e.offset; *size = e.size;
+    return 1;
+}

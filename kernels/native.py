@@ -160,6 +160,9 @@ def load() -> ctypes.CDLL | None:
         lib.parley_threads.restype = ctypes.c_int
         lib.parley_threads.argtypes = [ctypes.c_int]
         lib.parley_has_vnni.restype = ctypes.c_int
+        lib.parley_layout.restype = ctypes.c_int
+        lib.parley_layout.argtypes = [ctypes.c_int, *[ctypes.POINTER(t) for t in (ctypes.c_char_p, ctypes.c_char_p,
+                                                                               ctypes.c_int, ctypes.c_int)]]
         lib.parley_linear.restype = ctypes.c_int
         lib.parley_linear.argtypes = [ctypes.POINTER(Lin), ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
         lib.parley_vnni_peak_gmacs.restype = ctypes.c_double
@@ -170,6 +173,32 @@ def load() -> ctypes.CDLL | None:
                                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         _lib = lib
         return lib
+
+
+STRUCTS = (Lin, Layer, Model, KV, Cache)  # the ctypes mirror of cpu_step.cpp's structs
+
+
+def library_layout(lib: ctypes.CDLL) -> dict[tuple[str, str], tuple[int, int]]:
+    """(struct, field) -> (offset, size) as the compiler laid the structs out; field "" is the whole struct."""
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+    kind, field = ctypes.c_char_p(), ctypes.c_char_p()
+    offset, size = ctypes.c_int(), ctypes.c_int()
+    i = 0
+    while lib.parley_layout(i, ctypes.byref(kind), ctypes.byref(field), ctypes.byref(offset), ctypes.byref(size)):
+        out[(kind.value.decode(), field.value.decode())] = (offset.value, size.value)
+        i += 1
+    return out
+
+
+def mirror_layout() -> dict[tuple[str, str], tuple[int, int]]:
+    """The same table for the ctypes mirror here."""
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+    for struct in STRUCTS:
+        out[(struct.__name__, "")] = (0, ctypes.sizeof(struct))
+        for name, _ in struct._fields_:
+            f = getattr(struct, name)
+            out[(struct.__name__, name)] = (f.offset, f.size)
+    return out
 
 
 def why_unavailable() -> str | None:

@@ -10,10 +10,12 @@ for the native step: it is returned, and `CachedModel` runs it.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from torch import nn
 
 from .native_step import NativeStep, NativeUnavailable
+from .progress import ProgressFn
 from .quantize.int4_linear import Int4Linear
 from .transformer import Transformer
 
@@ -24,17 +26,21 @@ def is_int4(model: nn.Module) -> bool:
     return any(isinstance(m, Int4Linear) for m in model.modules())
 
 
-def prepare_for_device(model: Transformer, *, native: bool = True) -> NativeStep | None:
+def prepare_for_device(model: Transformer, *, native: bool = True, packed_dir: Path | None = None,
+                       progress: ProgressFn | None = None) -> NativeStep | None:
     """Make `model` fast on its device; returns the native step when it runs on one (else None).
 
     Idempotent: a model sharing already prepared modules (a self-draft's layers) is left as it is.
     `native=False` keeps the PyTorch path (e.g. a bench that must run the modules themselves).
+    `packed_dir`: the AWQ folder in the Parley cache the model came from, where the native step's
+    repacked weights are cached (models/native_cache.py).
     """
     weight = model.norm.weight
     int4 = is_int4(model)
     if native and weight.device.type == "cpu":
         try:
-            return NativeStep.for_model(model, head_bits=8 if int4 else 32)
+            return NativeStep.for_model(model, head_bits=8 if int4 else 32, packed_dir=packed_dir,
+                                        progress=progress)
         except NativeUnavailable as e:
             log.info("the native CPU step is off for this model (%s): the PyTorch path runs", e)
     if int4 and type(model.lm_head) is nn.Linear:

@@ -11,16 +11,22 @@ Every position is computed by the same arithmetic whatever the pass length, so l
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
+import time
 import weakref
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 from ..kernels import native
+from .progress import Progress, ProgressFn
 from .quantize.int4_linear import Int4Linear
 from .quantize.pack import quantize_weight
 from .transformer import KVCache, Transformer
+
+log = logging.getLogger(__name__)
 
 
 def _q4_parts(m: Int4Linear) -> tuple[Tensor, Tensor, Tensor]:
@@ -52,8 +58,13 @@ class NativeStep:
     kind = "native"
 
     @classmethod
-    def for_model(cls, model: Transformer, head_bits: int = 8) -> NativeStep:
-        """The native step over `model`'s weights; NativeUnavailable says why it cannot be had."""
+    def for_model(cls, model: Transformer, head_bits: int = 8, *, packed_dir: Path | None = None,
+                  progress: ProgressFn | None = None) -> NativeStep:
+        """The native step over `model`'s weights; NativeUnavailable says why it cannot be had.
+
+        `packed_dir`: the AWQ folder the model was loaded from; its repacked weights are read from there
+        (memory-mapped) when cached, else packed and cached there (models/native_cache.py).
+        """
         if os.environ.get("PARLEY_NATIVE", "1") == "0":
             raise NativeUnavailable("PARLEY_NATIVE=0")
         if model.norm.weight.device.type != "cpu" or model.norm.weight.dtype != torch.float32:
@@ -61,15 +72,30 @@ class NativeStep:
         lib = native.load()
         if lib is None:
             raise NativeUnavailable(native.why_unavailable() or "the native library did not load")
+        from . import native_cache
+
+        key = native_cache.cache_key(packed_dir, head_bits) if packed_dir is not None else None
+        packed = native_cache.load(packed_dir, key) if key else None
         try:
-            return cls(model, lib, head_bits)
+            try:
+                step = cls(model, lib, head_bits, packed=packed, progress=progress)
+            except native_cache.Stale as e:  # shapes the model does not imply: pack afresh
+                log.warning("ignoring the cached CPU layout in %s (%s); repacking", packed_dir, e)
+                packed = None
+                step = cls(model, lib, head_bits, progress=progress)
         except ValueError as e:
             raise NativeUnavailable(str(e)) from None
+        if key and packed is None and step.packed:
+            native_cache.save(packed_dir, key, step.packed)
+        return step
 
-    def __init__(self, model: Transformer, lib: ctypes.CDLL, head_bits: int = 8) -> None:
+    def __init__(self, model: Transformer, lib: ctypes.CDLL, head_bits: int = 8, *,
+                 packed: dict[str, Tensor] | None = None, progress: ProgressFn | None = None) -> None:
         c = model.config
         self.lib, self.config = lib, c
         self.keep: list[Tensor] = []
+        self._cached = packed  # repacked tensors from an earlier start, by name (None: pack them here)
+        self.packed: dict[str, Tensor] = {}  # every repacked tensor by name, to cache for the next start
         # Each KV cache's view for the library, built on a cache's first use and dropped with the cache.
         self._caches: weakref.WeakKeyDictionary[KVCache, tuple] = weakref.WeakKeyDictionary()
         if c.intermediate_size % 16:
@@ -79,17 +105,20 @@ class NativeStep:
         if c.head_dim > 512 or c.n_heads % c.n_kv_heads or c.n_heads // c.n_kv_heads > 8:
             raise ValueError("the native step needs head_dim <= 512 and at most 8 query heads per kv head")
         layers = (native.Layer * c.n_layers)()
+        started = time.monotonic()
         for i, block in enumerate(model.layers):
+            if progress is not None and packed is None and time.monotonic() - started > 0.5:
+                progress(Progress("load", i, c.n_layers, "layer", f"preparing the CPU step: layer {i}/{c.n_layers}"))
             at, mlp = block.self_attn, block.mlp
             L = layers[i]
             L.attn_norm = self._ptr(block.input_layernorm.weight)
             L.ffn_norm = self._ptr(block.mlp_norm.weight)
             L.q_norm = self._ptr(at.q_norm.weight) if hasattr(at, "q_norm") else None
             L.k_norm = self._ptr(at.k_norm.weight) if hasattr(at, "k_norm") else None
-            L.qkv = self._linear([at.q_proj, at.k_proj, at.v_proj])
-            L.o = self._linear([at.o_proj])
-            L.gate_up = self._linear([mlp.gate_proj, mlp.up_proj], interleave=True)
-            L.down = self._linear([mlp.down_proj])
+            L.qkv = self._linear(f"{i}.qkv", [at.q_proj, at.k_proj, at.v_proj])
+            L.o = self._linear(f"{i}.o", [at.o_proj])
+            L.gate_up = self._linear(f"{i}.gate_up", [mlp.gate_proj, mlp.up_proj], interleave=True)
+            L.down = self._linear(f"{i}.down", [mlp.down_proj])
             L.window = c.layer_windows[i]
             if block.sandwich:
                 L.post_attn_norm = self._ptr(block.post_attention_layernorm.weight)
@@ -99,7 +128,12 @@ class NativeStep:
         if not isinstance(head_w, Tensor) or head_w.dtype != torch.float32:
             raise ValueError("the native step needs the output head as an fp32 weight")
         if head_bits == 8:
-            h = native.pack_q8(head_w)
+            if c.dim % 64:
+                raise ValueError(f"the native head needs a hidden size divisible by 64, not {c.dim}")
+            Np = (c.vocab_size + 15) // 16 * 16
+            h = self._packed("head", lambda: native.pack_q8(head_w),
+                             {"q": ((Np // 16, c.dim // 64, 16, 16, 4), torch.uint8),
+                              "s": ((c.vocab_size,), torch.float32)})
             head = native.lin(native.W_Q8, c.vocab_size, c.dim, 0, q=self._keep(h["q"]), s=self._keep(h["s"]))
         elif head_bits == 4:  # a large vocabulary's head (Gemma's 262k rows) as INT4, round to nearest
             head = self._q4_head(head_w)
@@ -155,20 +189,45 @@ class NativeStep:
             t = t.float().contiguous()
         return self._keep(t).data_ptr()
 
-    def _linear(self, mods: list[nn.Module], interleave: bool = False) -> native.Lin:
+    def _packed(self, name: str, pack, shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, Tensor]:
+        """`pack()`'s tensors, or the cached ones when they have exactly the shapes the model implies."""
+        from .native_cache import Stale
+
+        if self._cached is None:
+            out = pack()
+        else:
+            out = {k: self._cached.get(f"{name}.{k}") for k in shapes}
+            for k, (shape, dtype) in shapes.items():
+                t = out[k]
+                if t is None or tuple(t.shape) != shape or t.dtype != dtype:
+                    raise Stale(f"{name}.{k}: expected {shape} {dtype}")
+        self.packed.update({f"{name}.{k}": out[k] for k in shapes})
+        return out
+
+    def _linear(self, name: str, mods: list[nn.Module], interleave: bool = False) -> native.Lin:
         """Fuse linears that share their input into one product (columns concatenated, or gate/up interleaved)."""
         if all(isinstance(m, Int4Linear) for m in mods):
-            parts = [_q4_parts(m) for m in mods]
             groups = {m.group_size for m in mods}
             if len(groups) != 1:
                 raise ValueError("fused INT4 linears must share a group size")
-            if interleave:
-                q, z, s = (_interleave16(parts[0][j], parts[1][j], 1) for j in range(3))
-            else:
-                q, z, s = (torch.cat([p[j] for p in parts], dim=1) for j in range(3))
-            packed = native.pack_q4(q, z, s, groups.pop())
+            group = groups.pop()
+            K, N = mods[0].in_features, sum(m.out_features for m in mods)
+
+            def pack() -> dict[str, Tensor]:
+                parts = [_q4_parts(m) for m in mods]
+                if interleave:
+                    q, z, s = (_interleave16(parts[0][j], parts[1][j], 1) for j in range(3))
+                else:
+                    q, z, s = (torch.cat([p[j] for p in parts], dim=1) for j in range(3))
+                return native.pack_q4(q, z, s, group)
+
+            if K % 64 or group % 64:
+                raise ValueError(f"the native step needs in_features ({K}) and group size ({group}) divisible by 64")
+            Np = (N + 15) // 16 * 16
+            packed = self._packed(name, pack, {"q": ((Np // 16, K // 64, 8, 16, 4), torch.uint8),
+                                               "s16": ((Np // 16, K // group, 16), torch.int16),
+                                               "z": ((Np // 16, K // group, 16), torch.uint8)})
             biases = [m.bias for m in mods]
-            K, N = q.shape
             bias = self._keep(torch.cat([b.float() for b in biases]).contiguous()) if biases[0] is not None else None
             return native.lin(native.W_Q4, N, K, mods[0].group_size, q=self._keep(packed["q"]),
                               s16=self._keep(packed["s16"]), z=self._keep(packed["z"]), bias=bias)

@@ -1,0 +1,132 @@
+"""The native step's repacked INT4 weights, cached next to the quantized model and memory-mapped on later starts.
+
+Repacking an INT4 model for the CPU step (`kernels.native.pack_q4` / `pack_q8`) took seconds on every start;
+the result depends only on the quantized weights and the packing code, so it is kept in the AWQ folder as
+`native-<key>.safetensors` with a manifest `native-<key>.json` (its size and sha256), both written to
+temporary names and renamed into place, the manifest last. The key hashes the folder's own manifest (its
+weights' sha256), the head's bit width and the source of the packing code, so a rebuilt model or changed
+packing code never reads a stale file. The Parley cache folder is treated as untrusted-ish: a file whose
+size, hash or tensor shapes do not match what the model implies is ignored (and rebuilt), never read past.
+Only folders inside the Parley cache get a packed file: a user's own AWQ checkpoint folder is not written to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import struct
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+FORMAT = "parley-native-pack-1"
+
+
+class Stale(ValueError):
+    """A cached tensor whose shape or dtype is not the one the model implies."""
+
+_DTYPES = {"U8": torch.uint8, "I16": torch.int16, "F32": torch.float32}
+
+
+def cache_key(folder: Path, head_bits: int) -> str | None:
+    """The key of `folder`'s packed file, or None when `folder` is no AWQ folder of the Parley cache."""
+    from ..kernels import native
+    from . import native_step
+    from .quantize.cache import MANIFEST, cache_root
+
+    try:
+        folder = folder.resolve()
+        if cache_root().resolve() not in folder.parents:
+            return None
+        weights = json.loads((folder / MANIFEST).read_text())["files"]["model.safetensors"]["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    code = Path(native.__file__).read_bytes() + Path(native_step.__file__).read_bytes()
+    text = f"{FORMAT}|{weights}|{head_bits}|".encode() + hashlib.sha256(code).digest()
+    return hashlib.sha256(text).hexdigest()[:16]
+
+
+def _paths(folder: Path, key: str) -> tuple[Path, Path]:
+    return folder / f"native-{key}.safetensors", folder / f"native-{key}.json"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load(folder: Path, key: str) -> dict[str, Tensor] | None:
+    """The packed tensors, memory-mapped (pages are read as the step touches them); None when there is no
+    complete, intact file for `key` (the caller then packs and `save`s)."""
+    data, manifest = _paths(folder, key)
+    try:
+        meta = json.loads(manifest.read_text())
+        if meta.get("format") != FORMAT or meta.get("key") != key:
+            raise ValueError("its manifest is for another key")
+        if data.stat().st_size != meta["size"] or _sha256(data) != meta["sha256"]:
+            raise ValueError("its size or sha256 differs from its manifest")
+        return _mmap_safetensors(data)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("ignoring the cached CPU layout %s (%s); repacking", data, e)
+        return None
+
+
+def _mmap_safetensors(path: Path) -> dict[str, Tensor]:
+    """A safetensors file's tensors as views of one read-only-in-practice mapping of the file (no copy)."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > size - 8:
+            raise ValueError("truncated header")
+        header = json.loads(f.read(n))
+    storage = torch.UntypedStorage.from_file(str(path), shared=False, nbytes=size)
+    base = 8 + n
+    out: dict[str, Tensor] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _DTYPES[info["dtype"]]
+        start, end = info["data_offsets"]
+        shape = [int(d) for d in info["shape"]]
+        count = 1
+        for d in shape:
+            count *= d
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if not 0 <= start <= end <= size - base or end - start != count * itemsize or (base + start) % itemsize:
+            raise ValueError(f"tensor {name} lies outside the file, is misaligned or disagrees with its shape")
+        out[name] = torch.empty(0, dtype=dtype).set_(storage, (base + start) // itemsize, shape)
+    return out
+
+
+def save(folder: Path, key: str, tensors: dict[str, Tensor]) -> None:
+    """Write the packed tensors and then their manifest, each atomically; a failure only costs the next start."""
+    from safetensors.torch import save_file
+
+    data, manifest = _paths(folder, key)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".native-", suffix=".tmp")
+        os.close(fd)
+        try:
+            save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata={"format": FORMAT})
+            meta = {"format": FORMAT, "key": key, "size": os.path.getsize(tmp), "sha256": _sha256(Path(tmp))}
+            os.replace(tmp, data)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".native-", suffix=".json.tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(meta, f)
+        os.replace(tmp, manifest)
+    except OSError as e:  # a read-only or full cache: the step works, the next start packs again
+        log.warning("could not cache the CPU layout in %s (%s)", folder, e)
