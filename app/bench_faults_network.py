@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import resource
 import socket
 import struct
@@ -91,7 +92,7 @@ def _bad_body(answer: bytes) -> str | None:
         message = json.loads(body)["error"]["message"]
     except (ValueError, KeyError, TypeError):
         return "no JSON error body"
-    if "Traceback" in message or "/" in message.replace("/v1", "") or "File \"" in message:
+    if "Traceback" in message or re.search(r"(/[\w.-]+){2,}", message) or "File \"" in message:
         return f"internal text in the error body: {message[:120]}"
     return None
 
