@@ -89,7 +89,7 @@ MUTANTS: list[Mutant] = [
     Mutant("verify-residual-from-p", "engine/speculative.py",
            "residual = (p[i] - q[i]).clamp_min(0.0)",
            "residual = p[i].clone()",
-           ("tests/test_speculative_distribution_is_target.py",)),
+           ("tests/test_speculative_distribution_is_target.py::test_draft_model_verify_draws_follow_target",)),
     Mutant("verify-no-bonus-token", "engine/speculative.py",
            "    out.append(sample(p[len(draft)], generator))\n    return out",
            "    return out",
