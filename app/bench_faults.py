@@ -1,6 +1,7 @@
 """Reliability figures: kill -9 during quantization, a long conversation soak, broken model files, bad live params.
 
-Five checks, each a figure a person can read (`--only` picks some):
+Seven checks (`--only` picks some), summed up in one table: inputs tried, handled cleanly, tracebacks, hangs,
+data lost.
 - kill: `parley quantize` of a tiny model (a subprocess, its own cache folder) SIGKILLed at seeded random moments of a
   build; after each kill no folder a load would use is partial, and the next complete run leaves no
   temporary folder behind.
@@ -14,6 +15,10 @@ Five checks, each a figure a person can read (`--only` picks some):
   visible history (the cache holds exactly what was shown, nothing the cancelled step computed).
 - params: invalid values (negative, huge, inf, NaN, wrong type) set on the live GenerationParams from another
   thread mid-reply: the reply must end with a Done event, never an exception.
+- serve: a hostile client against `parley serve` on the embedded model (bad values, broken HTTP, half-sent and
+  half-closed requests, resets, near-miss API keys); see `bench_faults_network`.
+- remote: hostile servers against the `--server` backend (malformed model lists and events, silence, a
+  server that ignores max_tokens, an endless line).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from typing import Any
 
 from .bench_harness import add_json_argument, emit, median
 
-CHECKS = ("kill", "soak", "inputs", "params", "cancel")
+CHECKS = ("kill", "soak", "inputs", "params", "cancel", "serve", "remote")
 QUANTIZE_FLAGS = ["--calib", "builtin", "--samples", "4", "--seq-len", "32"]
 
 
@@ -73,7 +78,12 @@ def run(args: argparse.Namespace) -> int:
             results["kill"] = kill_check(args, work / "kill", say)
         if "inputs" in only:
             results["inputs"] = inputs_check(args, work / "inputs", say)
-        if "soak" in only or "params" in only:
+        if "remote" in only:
+            from .bench_faults_network import remote_cases
+
+            results["remote"] = remote_cases(args.case_timeout)
+            say(f"remote: {results['remote']['clean']}/{results['remote']['tried']} handled cleanly")
+        if "soak" in only or "params" in only or "serve" in only:
             from ..engine.engine import Engine
 
             engine = Engine.load(None, quant="none", device="cpu")
@@ -81,16 +91,56 @@ def run(args: argparse.Namespace) -> int:
                 results["soak"] = soak_check(engine, args.turns, say)
             if "params" in only:
                 results["params"] = params_check(engine, args.trials, args.seed, say)
+            if "serve" in only:
+                from .bench_faults_network import serve_cases
+
+                results["serve"] = serve_cases(engine, args.case_timeout)
+                say(f"serve: {results['serve']['clean']}/{results['serve']['tried']} handled cleanly")
         if "cancel" in only:
             from ..engine.engine import Engine
 
             engine = Engine.load(None, quant=args.quant, device="cpu")
             results["cancel"] = cancel_check(engine, args.cancels, args.seed, say)
+    results["table"] = table(results)
     return emit(results, args.json, lines)
 
 
+def table(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per check that feeds bad input: tried, handled cleanly, tracebacks, hangs, data lost."""
+    rows = []
+    if "kill" in results:
+        k = results["kill"]
+        lost = k["partial_folders"] + k["temp_left_after_next_run"] + (not k["next_run_ok"])
+        rows.append(("kill -9 during quantize", k["kills"], k["kills"] - k["partial_folders"], 0, 0, lost))
+    if "inputs" in results:
+        i = results["inputs"]
+        why = Counter(f["why"] for f in i["failures"])
+        hangs = sum(n for w, n in why.items() if "hang" in w)
+        rows.append(("broken model files", i["cases"], i["clear"], why["a traceback"], hangs, 0))
+    if "params" in results:
+        p = results["params"]
+        rows.append(("invalid live params", p["trials"], p["trials"] - p["crashes"], p["crashes"], 0, 0))
+    if "cancel" in results:
+        c = results["cancel"]
+        rows.append(("cancel at random points", c["points"], c["points"] - c["mismatches"], 0, 0, c["mismatches"]))
+    for key, name in (("serve", "parley serve, hostile client"), ("remote", "--server, hostile server")):
+        if key in results:
+            r = results[key]
+            rows.append((name, r["tried"], r["clean"], r["tracebacks"], r["hangs"], r["data_lost"]))
+    names = ("check", "tried", "clean", "tracebacks", "hangs", "data_lost")
+    rows.append(("total", *(sum(r[i] for r in rows) for i in range(1, 6))))
+    return [dict(zip(names, r, strict=True)) for r in rows]
+
+
 def lines(results: dict[str, Any]) -> list[str]:
-    out = [f"parley bench faults (seed {results['seed']})"]
+    out = [f"parley bench faults (seed {results['seed']})", f"{'check':32} {'inputs tried':>12} "
+           f"{'handled cleanly':>16} {'tracebacks':>10} {'hangs':>6} {'data lost':>9}"]
+    for r in results["table"]:
+        out.append(f"{r['check']:32} {r['tried']:>12} {r['clean']:>16} {r['tracebacks']:>10} {r['hangs']:>6} "
+                   f"{r['data_lost']:>9}")
+    for key in ("serve", "remote"):
+        for f in results.get(key, {}).get("failures", []):
+            out.append(f"  FAIL {key}: {f['case']}: {f['why']}: {f['detail']}")
     if "kill" in results:
         k = results["kill"]
         out.append(f"kill -9 during quantize: {k['kills']} kills over a {k['build_s']:.0f} s build; partial folders "
@@ -411,6 +461,18 @@ def broken_inputs(root: Path) -> list[tuple[str, Path, list[str]]]:
     variant("tokenizer-truncated", write("tokenizer.json", lambda b: b[: len(b) // 3]), "tokenizer.json")
     variant("tokenizer-config-garbage", write("tokenizer_config.json", b"{oops"), "tokenizer_config.json")
     variant("tokenizer-missing", lambda d: (d / "tokenizer.json").unlink(), "tokenizer")
+    variant("tokenizer-empty-vocab", write("tokenizer.json", json.dumps(EMPTY_TOKENIZER).encode()), "vocabulary")
+    variant("tokenizer-added-tokens-decoder", lambda d: (
+        (d / "tokenizer.json").unlink(), (d / "tokenizer.model").write_bytes(b"sentencepiece"),
+        (d / "tokenizer_config.json").write_text(json.dumps({"added_tokens_decoder": {"0": "oops"}}))),
+        "tokenizer_config.json", "added_tokens_decoder")
+    variant("index-json-list", write("model.safetensors.index.json", b'{"weight_map": ["a"]}'),
+            "model.safetensors.index.json", "weight_map")
+    variant("config-head_dim-33", config("head_dim", 33), "config.json", "head_dim")
+    for tensor, dtype, words in [("model.embed_tokens.weight", "I32", "int32"), ("model.norm.weight", "BOOL", "bool"),
+                                 ("model.layers.1.mlp.up_proj.weight", "NaN", "NaN")]:
+        variant(f"weights-{tensor.split('.')[-2]}-{dtype}", lambda d, t=tensor, k=dtype: _retype(d, t, k),
+                tensor.removeprefix("model."), words)
 
     def template(source: str) -> Callable[[Path], None]:
         def change(d: Path) -> None:
@@ -424,6 +486,9 @@ def broken_inputs(root: Path) -> list[tuple[str, Path, list[str]]]:
         "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"), "chat template")
     variant("template-escape", template("{{ ''.__class__.__mro__[1].__subclasses__() }}"), "chat template")
     variant("template-repeat", template("{{ 'x' * 10000000000 }}"), "chat template")
+    variant("template-doubling", template("{% set ns = namespace(s='ab') %}{% for i in range(64) %}"
+                                          "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}"), "chat template")
+    variant("template-zfill", template("{{ 'a'.zfill(10000000000) }}"), "chat template")
 
     gguf = embedded_model_path().read_bytes()
     for name, data in [("gguf-cut3", gguf[:3]), ("gguf-cut100", gguf[:100]), ("gguf-cut5000", gguf[:5000]),
@@ -442,6 +507,35 @@ def broken_inputs(root: Path) -> list[tuple[str, Path, list[str]]]:
 
 
 LIMIT_HINT = 1 << 22  # config sizes above this fail as out of bounds; below, against the weights' shapes
+EMPTY_TOKENIZER = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+                   "pre_tokenizer": None, "post_processor": None, "decoder": None,
+                   "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                             "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "vocab": {},
+                             "merges": []}}
+
+
+def _retype(d: Path, name: str, dtype: str) -> None:
+    """Rewrite one tensor of model.safetensors as `dtype` (I32 or BOOL, same element count), or fill it with
+    NaN ("NaN"), keeping the file valid safetensors."""
+    raw = (d / "model.safetensors").read_bytes()
+    n = struct.unpack_from("<Q", raw)[0]
+    header = json.loads(raw[8 : 8 + n])
+    data = raw[8 + n :]
+    blobs = {k: data[v["data_offsets"][0] : v["data_offsets"][1]] for k, v in header.items() if k != "__metadata__"}
+    count = len(blobs[name]) // 4
+    if dtype == "NaN":
+        blobs[name] = array("f", [float("nan")] * count).tobytes()
+    else:
+        header[name]["dtype"] = dtype
+        blobs[name] = bytes(count) if dtype == "BOOL" else array("i", [1] * count).tobytes()
+    offset, parts = 0, []
+    for k in blobs:
+        header[k]["data_offsets"] = [offset, offset + len(blobs[k])]
+        offset += len(blobs[k])
+        parts.append(blobs[k])
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(head)) + head + b"".join(parts))
 
 
 def _patch_u32(gguf: bytes, key: str, value: int) -> bytes:

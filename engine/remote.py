@@ -243,8 +243,8 @@ class RemoteSession:
             restart = False
             with eng.open(path, body) as resp:
                 if resp.status_code != 200:
-                    _read_some(resp)
-                    yield Done("error", f"{eng.server.name} answered {resp.status_code}: {_error_message(resp)}")
+                    why = _error_text(_read_some(resp)) or resp.reason_phrase
+                    yield Done("error", f"{eng.server.name} answered {resp.status_code}: {why}")
                     return
                 kind = resp.headers.get("content-type", "")
                 if "html" in kind:
@@ -460,14 +460,21 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-def _read_some(resp: httpx.Response, limit: int = 1 << 16) -> None:
-    """Read up to `limit` bytes of an error answer (enough for its message; an endless one is cut)."""
+def _read_some(resp: httpx.Response, limit: int = 1 << 16) -> bytes:
+    """Up to `limit` bytes of an error answer (enough for its message; an endless one is cut)."""
     body = b""
     for chunk in resp.iter_bytes():
         body += chunk
         if len(body) >= limit:
             break
-    resp._content = body[:limit]  # what .json() / .text read
+    return body[:limit]
+
+
+def _error_text(raw: bytes) -> str:
+    try:
+        return _message(json.loads(raw))
+    except (ValueError, RecursionError):
+        return raw[:200].decode("utf-8", "replace")
 
 
 def _auth(api_key: str | None) -> dict[str, str]:

@@ -1,9 +1,10 @@
 """A chat template cannot make Parley allocate without bound: growth stops at a character budget, at once.
 
 A probe of issue 25 rendered a template that doubles a string in a loop: 3.58 GB of memory before the 10 s
-time limit. Each template below would allocate gigabytes (or more) if unchecked; each must fail with the
-template named, quickly and before its allocation (the time limit is set to an hour, so only the memory
-bounds can stop them)."""
+time limit. Each template below grows a string or list (or asks for one) far past the limits, which are
+lowered here to 64 K characters per value and 256 K built per render, so that a template escaping them
+allocates a few MB, never gigabytes, even where the bound is broken on purpose (scripts/mutants.py). Each
+must fail with the template named; the time limit is an hour, so only the memory bounds can stop them."""
 
 from __future__ import annotations
 
@@ -15,17 +16,29 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 HOUR = 3600.0
 
 
+@pytest.fixture(autouse=True)
+def small_limits(monkeypatch):
+    monkeypatch.setattr(chat_template, "MAX_OUTPUT", 1 << 16)
+    monkeypatch.setattr(chat_template, "MAX_BUILT", 1 << 18)
+    monkeypatch.setattr(chat_template, "MAX_SIZE_ARGUMENT", 1 << 16)
+
+
+def doubling(step: str, start: str = "'ab'") -> str:
+    return (f"{{% set ns = namespace(s={start}) %}}{{% for i in range(22) %}}{{% set ns.s = {step} %}}"
+            "{% endfor %}{{ ns.s|length }}")
+
+
 @pytest.mark.parametrize("template", [
-    "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}",
-    "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
-    "{% set ns = namespace(s=[1]) %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}",
-    "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s|replace('a', 'aa') %}{% endfor %}",
-    "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s.replace('a', 'aa') %}{% endfor %}",
-    "{% set ns = namespace(s='a' * 1000000, n=0) %}{% for i in range(100000) %}{% set ns.n = (ns.s ~ i)|length %}"
+    doubling("ns.s + ns.s"),
+    doubling("ns.s ~ ns.s"),
+    doubling("ns.s + ns.s", start="[1]"),
+    doubling("ns.s|replace('a', 'aa')"),
+    doubling("ns.s.replace('a', 'aa')"),
+    "{% set ns = namespace(s='a' * 60000, n=0) %}{% for i in range(100) %}{% set ns.n = (ns.s ~ i)|length %}"
     "{% endfor %}",
-    "{{ 'a'.zfill(10000000000) }}",
-    "{{ 'a'|center(10000000000) }}",
-    "{{ ('a' * 10000000)|indent(1000000000) }}",
+    "{{ 'a'.zfill(4000000) }}",
+    "{{ 'a'|center(4000000) }}",
+    "{{ 'a'|indent(4000000, true) }}",
 ])
 def test_growth_is_stopped_by_the_memory_budget(template):
     with pytest.raises(ValueError, match=r"from test: the chat template rejected these messages \(SecurityError"):

@@ -183,3 +183,24 @@ def test_event_stream_lines_are_bounded():
         list(sse_lines([b"data: 12", b"345\n"], max_line=8))
     with pytest.raises(ValueError, match="without data"):
         list(iter_sse([": keep-alive"] * (MAX_QUIET_LINES + 1)))
+
+
+def endless_error(conn: socket.socket) -> None:
+    conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n")
+    for _ in range(1024):  # 64 MiB of error page, unless the client hangs up first
+        conn.sendall(b"busy " * 13107)
+
+
+def json_error(conn: socket.socket) -> None:
+    body = b'{"error": {"message": "model is loading"}}'
+    conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                 b"Connection: close\r\n\r\n%s" % (len(body), body))
+
+
+@pytest.mark.parametrize(("answer", "words"), [(json_error, "answered 503: model is loading"),
+                                               (endless_error, "answered 503: busy busy")])
+def test_an_error_answer_is_one_line_read_within_bounds(answer, words):
+    with raw_server(answer) as (url, _):
+        engine = RemoteEngine.connect(url, client=short_client())
+        done = reply(engine)[-1]
+    assert done.reason == "error" and words in done.detail and "\n" not in done.detail, done

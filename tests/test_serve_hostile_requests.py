@@ -110,14 +110,16 @@ def test_a_flood_is_refused_before_its_prompt_is_tokenized():
     engine = serve_engine(hold_at=0)
     with running_server(engine, queue_size=0) as (server, url), httpx.Client(timeout=60) as client, client.stream(
             "POST", f"{url}/chat/completions", json={"messages": OK, "stream": True}) as held:
-        assert held.status_code == 200
-        poll(engine.holding.is_set, what="the first reply to hold the engine")
-        calls = engine.tokenizer.calls
-        resp = httpx.post(f"{url}/chat/completions", json={"messages": [{"role": "user", "content": "y" * 30_000}]},
-                          timeout=60)
-        assert resp.status_code == 429
-        assert engine.tokenizer.calls == calls, "the refused prompt was tokenized"
-        engine.release.set()
+        try:
+            assert held.status_code == 200
+            poll(engine.holding.is_set, what="the first reply to hold the engine")
+            calls = engine.tokenizer.calls
+            resp = httpx.post(f"{url}/chat/completions", json={"messages": [{"role": "user", "content": "y" * 30_000}]},
+                              timeout=60)
+            assert resp.status_code == 429
+            assert engine.tokenizer.calls == calls, "the refused prompt was tokenized"
+        finally:
+            engine.release.set()  # the held reply ends, so the server stops at once whatever failed
 
 
 def test_connections_beyond_the_cap_get_503_at_once():
