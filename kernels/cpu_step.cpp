@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <omp.h>
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
@@ -231,6 +232,8 @@ static void quantize_acts(const float* x, int M, int K, int G, const Act* a) {
 // Q4 layout, per 16-column block and 64-input chunk: 8 vectors of 64 bytes; byte 4n + j of vector t holds
 // q[n][4t + j] (low nibble) and q[n][32 + 4t + j] (high nibble). s16, z: [N/16][K/G][16]. The zero point
 // enters once per group through the activations' group sums: -z*s is exact in fp32 (an fp16 times 0..15).
+// The high nibbles are not shifted down: `v & 0xf0` is 16 x the nibble, its block sum (< 2^24) converts to
+// float exactly and meets s / 16 (exact), so the product is bitwise the shifted one's, one instruction fewer.
 // Q8 layout (head): 16 vectors of 64 bytes per chunk; byte 4n + j of vector t is w[n][4t + j] + 128.
 
 static inline int32_t load_i32(const int8_t* p) {
@@ -240,6 +243,10 @@ static inline int32_t load_i32(const int8_t* p) {
 }
 
 #if PARLEY_VNNI
+// Weights stream from memory once per pass: each vector loaded asks for the one this far ahead (the blocks of
+// a thread's columns are contiguous, so it runs on into the next block).
+constexpr int PREFETCH_BYTES = 2048;
+
 template <int R>
 static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y, int ldy) {
     const int K = L->K, nc = K / 64, G = L->group, ng = K / G, cpg = G / 64;
@@ -255,8 +262,9 @@ static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y
             for (int p = 0; p < P; p++) i0[r][p] = i1[r][p] = _mm512_setzero_si512();
         const uint8_t* w = wq + (size_t)ci * 512;
         for (int t = 0; t < 8; t++) {
+            _mm_prefetch((const char*)(w + PREFETCH_BYTES + t * 64), _MM_HINT_T0);
             const __m512i v = _mm512_loadu_si512((const void*)(w + t * 64));
-            const __m512i l = _mm512_and_si512(v, lo), h = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo);
+            const __m512i l = _mm512_and_si512(v, lo), h = _mm512_andnot_si512(lo, v);  // h: 16 x the high nibble
             for (int r = 0; r < R; r++) {
                 const int8_t* x = a->q + (size_t)(m0 + r) * K + ci * 64 + 4 * t;
                 i0[r][t % P] = _mm512_dpbusd_epi32(i0[r][t % P], l, _mm512_set1_epi32(load_i32(x)));
@@ -264,6 +272,7 @@ static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y
             }
         }
         const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(S + (size_t)(ci / cpg) * 16)));
+        const __m512 s_16 = _mm512_mul_ps(s, _mm512_set1_ps(0.0625f));  // exact: the high sums are 16x (< 2^24)
         for (int r = 0; r < R; r++) {
             __m512i b0 = i0[r][0], b1 = i1[r][0];
             if (P == 2) {
@@ -272,7 +281,7 @@ static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y
             }
             const float* d = a->d + (size_t)(m0 + r) * (K / 32) + 2 * ci;
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b0), _mm512_mul_ps(_mm512_set1_ps(d[0]), s), acc[r]);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b1), _mm512_mul_ps(_mm512_set1_ps(d[1]), s), acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b1), _mm512_mul_ps(_mm512_set1_ps(d[1]), s_16), acc[r]);
         }
     }
     const uint8_t* Z = L->z + (size_t)nb * ng * 16;
@@ -307,6 +316,7 @@ static inline void q8_block(const Lin* L, int nb, const Act* a, int m0, float* y
             for (int r = 0; r < R; r++)
                 for (int p = 0; p < P; p++) ib[r][p] = _mm512_setzero_si512();
             for (int t = 0; t < 8; t++) {
+                _mm_prefetch((const char*)(w + PREFETCH_BYTES + (half * 8 + t) * 64), _MM_HINT_T0);
                 const __m512i v = _mm512_loadu_si512((const void*)(w + (half * 8 + t) * 64));
                 for (int r = 0; r < R; r++) {
                     const int8_t* x = a->q + (size_t)(m0 + r) * K + ci * 64 + half * 32 + 4 * t;
@@ -974,16 +984,19 @@ extern "C" int parley_threads(int n) {
 extern "C" int parley_has_vnni(void) { return PARLEY_VNNI; }
 
 // The core's int8 multiply-add peak (one thread): `iters` rounds of 16 independent vpdpbusd chains (64 MACs
-// each), in GMAC/s. What `parley bench passes` sets the products' speed beside. 0 without VNNI.
+// each), in GMAC/s of this thread's CPU time (a busy machine's preemptions do not count). What `parley bench
+// passes` sets the products' speed beside. 0 without VNNI.
 extern "C" double parley_vnni_peak_gmacs(int iters) {
 #if PARLEY_VNNI
     __m512i acc[16];
     for (int i = 0; i < 16; i++) acc[i] = _mm512_set1_epi32(i);
     const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(5);
-    const double t0 = omp_get_wtime();
+    timespec t0, t1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
     for (int it = 0; it < iters; it++)
         for (int i = 0; i < 16; i++) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
-    const double dt = omp_get_wtime() - t0;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+    const double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     __m512i sum = acc[0];
     for (int i = 1; i < 16; i++) sum = _mm512_add_epi32(sum, acc[i]);
     volatile int sink = _mm512_reduce_add_epi32(sum);  // keeps the loop
