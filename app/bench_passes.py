@@ -17,6 +17,7 @@ import json
 import time
 
 from .bench_decode import PROMPT, _median
+from .bench_random import RANDOM_SHAPES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,6 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", default="8,64,512", help="comma-separated rows (tokens) for the products' GMAC/s")
     p.add_argument("--repeats", type=int, default=15, help="rounds; each figure is the median")
     p.add_argument("--threads", type=int, default=None, help="threads (default: automatic)")
+    p.add_argument("--random", choices=sorted(RANDOM_SHAPES), default=None,
+                   help="random weights of this shape instead of --model (the tests use `small`)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -92,8 +95,13 @@ def run(args: argparse.Namespace) -> int:
     passes = sorted({int(t) for t in args.passes.split(",") if t.strip()} | {1})
     depths = [int(d) for d in args.depths.split(",") if d.strip()]
     rows = [int(m) for m in args.rows.split(",") if m.strip()]
-    engine = Engine.load(args.model, quant=args.quant, kv_cache=None if args.kv_cache == "auto" else args.kv_cache,
-                         threads=args.threads)
+    if args.random:
+        from .bench_random import random_engine
+
+        engine = random_engine(args.random, args.quant, "cpu", kv_cache=args.kv_cache)
+    else:
+        engine = Engine.load(args.model, quant=args.quant, kv_cache=None if args.kv_cache == "auto" else args.kv_cache,
+                             threads=args.threads)
     ids = engine.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
     results: dict = {"model": engine.model_name, "quantization": engine.quantization, "kv_cache": engine.kv_cache,
                      "path": "native" if engine.model.native is not None else "torch", "threads": threads,
