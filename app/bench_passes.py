@@ -27,6 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--passes", default="1,2,4,8,16", help="comma-separated pass lengths (tokens)")
     p.add_argument("--depths", default="0,2000", help="comma-separated context depths (0 = a short chat prompt)")
     p.add_argument("--rows", default="8,64,512", help="comma-separated rows (tokens) for the products' GMAC/s")
+    p.add_argument("--breakdown", type=int, default=8, metavar="T",
+                   help="also split a pass of T tokens (and of 1) into products, head and the rest, one thread")
     p.add_argument("--repeats", type=int, default=15, help="rounds; each figure is the median")
     p.add_argument("--threads", type=int, default=None, help="threads (default: automatic)")
     p.add_argument("--random", choices=sorted(RANDOM_SHAPES), default=None,
@@ -87,6 +89,49 @@ def product_gmacs(engine, rows: list[int], repeats: int) -> dict:
         lib.parley_threads(before)
 
 
+def breakdown(engine, ctx: list[int], T: int, repeats: int) -> dict:
+    """Where a T-token pass's time goes, on one thread in its CPU time (robust to a busy machine): the whole
+    pass, the decoder's INT4 products and the output head at T rows; the rest is attention, norms, rotary,
+    activation quantization and the cache writes."""
+    import torch
+
+    step = engine.model.native
+    if step is None:
+        return {"error": "the native step is not attached"}
+    lib, cache = step.lib, engine.target.cache
+    before = lib.parley_threads(-1)
+    lib.parley_threads(1)
+    try:
+        engine.reset_cache()
+        engine.prefill(ctx)
+        ids = torch.tensor([(ctx * (T // len(ctx) + 1))[:T]])
+        pos = torch.arange(len(ctx), len(ctx) + T)[None]
+        lins = [L for layer in step.layers for L in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        g = torch.Generator().manual_seed(0)
+        xs = [torch.randn(T, L.K, generator=g) for L in lins] + [torch.randn(T, step.md.head.K, generator=g)]
+        ys = [torch.empty(T, L.N) for L in lins] + [torch.empty(T, step.md.head.N)]
+        runs: dict[str, list[float]] = {"pass": [], "products": [], "head": []}
+        with torch.inference_mode():
+            for r in range(repeats + 1):
+                t0 = time.thread_time()
+                step(ids, pos, cache)
+                t1 = time.thread_time()
+                for L, x, y in zip(lins, xs, ys, strict=False):
+                    lib.parley_linear(ctypes.byref(L), T, x.data_ptr(), y.data_ptr())
+                t2 = time.thread_time()
+                lib.parley_linear(ctypes.byref(step.md.head), T, xs[-1].data_ptr(), ys[-1].data_ptr())
+                t3 = time.thread_time()
+                if r:
+                    runs["pass"].append(t1 - t0)
+                    runs["products"].append(t2 - t1)
+                    runs["head"].append(t3 - t2)
+    finally:
+        lib.parley_threads(before)
+    ms = {k: round(1e3 * _median(v), 3) for k, v in runs.items()}
+    ms["rest"] = round(ms["pass"] - ms["products"] - ms["head"], 3)
+    return {"tokens": T, **{f"{k}_ms": v for k, v in ms.items()}}
+
+
 def run(args: argparse.Namespace) -> int:
     from ..engine.engine import Engine
     from ..engine.threads import configure_threads
@@ -111,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
         ts = pass_times(engine, ctx, passes, args.repeats)
         results["depths"].append({"depth": depth, "context": len(ctx), "passes": [
             {"tokens": T, "ms": round(1e3 * ts[T], 3), "vs_one_token": round(ts[T] / ts[1], 2),
-             "ms_per_token": round(1e3 * ts[T] / T, 3)} for T in passes]})
+             "ms_per_token": round(1e3 * ts[T] / T, 3)} for T in passes],
+            "one_thread_cpu": [breakdown(engine, ctx, T, args.repeats) for T in sorted({1, args.breakdown})]})
     results["products"] = product_gmacs(engine, rows, args.repeats)
 
     if args.json:
@@ -124,6 +170,10 @@ def run(args: argparse.Namespace) -> int:
         for p in d["passes"]:
             print(f"      {p['tokens']:>3}-token pass: {p['ms']:8.3f} ms = {p['vs_one_token']:5.2f}x a 1-token pass "
                   f"({p['ms_per_token']:.3f} ms a token)")
+        for b in d["one_thread_cpu"]:
+            if "error" not in b:
+                print(f"      one thread, CPU time, {b['tokens']}-token pass {b['pass_ms']} ms: INT4 products "
+                      f"{b['products_ms']}, head {b['head_ms']}, the rest (attention, norms...) {b['rest_ms']}")
     pr = results["products"]
     if "error" in pr:
         print(f"  INT4 products: {pr['error']}")
