@@ -430,10 +430,15 @@ static void linear(const Lin* L, int M, const float* x, const Act* a, float* y) 
     const int N = L->N;
 #if PARLEY_VNNI
     if (L->kind != W_F32) {
+        // Work items: (chunk of up to 64 positions, 16-column block), chunk-major, so that a long pass (prefill)
+        // keeps one chunk's activations in L2 while each thread's weight blocks cycle, instead of streaming
+        // all its positions' activations again for every block.
+        const int nbs = (N + 15) / 16, nmc = (M + 63) / 64;
 #pragma omp for schedule(static)
-        for (int nb = 0; nb < (N + 15) / 16; nb++) {
-            for (int m = 0; m < M; m += 8) {  // tiles of up to 8 positions share each loaded weight vector
-                switch (std::min(8, M - m)) {
+        for (int t = 0; t < nmc * nbs; t++) {
+            const int nb = t % nbs, m1 = std::min(M, (t / nbs + 1) * 64);
+            for (int m = t / nbs * 64; m < m1; m += 8) {  // tiles of up to 8 positions share each weight vector
+                switch (std::min(8, m1 - m)) {
                 case 1: quant_block<1>(L, nb, a, m, y); break;
                 case 2: quant_block<2>(L, nb, a, m, y); break;
                 case 3: quant_block<3>(L, nb, a, m, y); break;
