@@ -4,6 +4,7 @@ from __future__ import annotations
 
 RANDOM_SHAPES = {
     "7b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, intermediate_size=11008),
+    "smollm2-135m": dict(dim=576, n_layers=30, n_heads=9, n_kv_heads=3, intermediate_size=1536),  # the default's
     "small": dict(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=512),  # for tests
 }
 

@@ -11,6 +11,11 @@
 // the pass holds 1 position or 512, and whichever thread computes it. Tiles over positions only reuse
 // loaded weights; they never reorder a position's arithmetic. So a position's logits are bitwise the same
 // in a decode pass, a verification pass or a prefill chunk. Build with -ffp-contract=off.
+//
+// Sections: small helpers; activation quantization; the products (INT4 / int8-head tiles of 1..8 positions x
+// 16 columns, portable loops, `linear`); the KV cache (writes in stored form, attention in 256-key blocks with
+// an optional per-layer sliding window, head_dim up to 256 on the vector paths); the entry points
+// (`parley_forward`, and `parley_linear` / `parley_attention` for tests against independent references).
 #include <algorithm>
 #include <type_traits>
 #include <cmath>
