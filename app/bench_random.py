@@ -30,7 +30,8 @@ def random_engine(shape: str, quant: str, device: str | None, kv_cache: str = "a
         model = Transformer(config).to(torch.bfloat16 if dev.type == "cuda" else torch.float32).eval()
     if quant == "awq":
         for parent, name, linear in decoder_linears(model):
-            setattr(parent, name, Int4Linear.from_linear(linear, 128))
+            group = 128 if linear.in_features % 128 == 0 else 64  # as AWQ falls back on the 576-wide model
+            setattr(parent, name, Int4Linear.from_linear(linear, group))
     if dev.type == "cpu":
         attach(model, head_bits=8 if quant == "awq" else 32)
     if model.native is None and quant == "awq":
