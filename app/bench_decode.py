@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import subprocess
 import sys
 import time
@@ -44,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--random", choices=sorted(RANDOM_SHAPES), default=None,
                    help="random weights of this shape instead of --model (GPU figures for a 7B-shaped model)")
     p.add_argument("--threads", type=int, default=None, help="threads (default: automatic)")
+    p.add_argument("--llama-cpp", default=None, metavar="SCRIPT",
+                   help="also run this llama.cpp peer script (`SCRIPT bench`, e.g. ../shared/peers/llama_cpp.sh) in "
+                        "the same run and print its figures and Parley's ratio to them")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -167,6 +171,37 @@ def memory_at(args: argparse.Namespace, quant: str, kv: str, tokens: int) -> dic
         {"peak_gpu_mb": out["peak_gpu_mb"]} if "peak_gpu_mb" in out else {})}
 
 
+def llama_cpp_figures(script: str, threads: int) -> list[dict] | dict:
+    """The peer script's JSON lines (engine, type, what, tokens, depth, tok_s), run with the same thread count."""
+    try:
+        r = subprocess.run([script, "bench"], capture_output=True, text=True, timeout=1800,
+                           env={**os.environ, "THREADS": str(threads)})
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"error": f"{script}: {e}"}
+    rows = []
+    for line in r.stdout.splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows or {"error": f"{script} bench printed no figures (rc={r.returncode}): {r.stderr.strip()[-300:]}"}
+
+
+def peer_ratios(engine: dict, peers: list[dict]) -> list[dict]:
+    """Parley's figure over each llama.cpp figure of the same kind (prefill, decode, decode at the nearest depth)."""
+    out = []
+    for p in peers:
+        if p["what"] == "prefill":
+            ours = engine.get("prefill_tok_s")
+        else:
+            want = p.get("depth", 0)
+            d = min(engine.get("decode", []), key=lambda d: abs(d["depth"] - want), default=None)
+            ours = d["tok_s"] if d and (d["depth"] > 0) == (want > 0) else None
+        if ours:
+            out.append({**p, "parley_tok_s": ours, "parley_vs_peer": round(ours / p["tok_s"], 2)})
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from ..engine.threads import configure_threads
 
@@ -222,6 +257,13 @@ def run(args: argparse.Namespace) -> int:
     for r in results["engines"].values():
         for d in r.get("decode", []):
             d["pct_of_bandwidth"] = round(100 * d["gb_s"] / bandwidth, 1)
+    if args.llama_cpp:
+        peers = llama_cpp_figures(args.llama_cpp, threads)
+        results["llama_cpp"] = peers
+        if isinstance(peers, list):
+            for r in results["engines"].values():
+                if "error" not in r:
+                    r["vs_llama_cpp"] = peer_ratios(r, peers)
     if args.memory_at:
         results["memory_at"] = {"tokens": args.memory_at, "by_cache": {}}
         for kv in ("fp", "bf16", "int8", "k8v4"):
@@ -242,9 +284,15 @@ def run(args: argparse.Namespace) -> int:
         for d in r["decode"]:
             print(f"      decode at depth {d['depth']:>5}: {d['tok_s']:7.1f} tok/s  {d['mb_per_token']:6.1f} MB/token "
                   f"(KV {d['kv_mb_per_token']})  {d['gb_s']:5.1f} GB/s = {d['pct_of_bandwidth']}% of bandwidth")
+        for v in r.get("vs_llama_cpp", []):
+            at = f" at depth {v['depth']}" if v.get("depth") else ""
+            print(f"      vs llama.cpp {v['type']} {v['what']}{at}: {v['tok_s']} tok/s -> Parley "
+                  f"{v['parley_vs_peer']}x")
         if "busy" in r:
             b = r["busy"]
             print(f"      with {b['processes']} busy process(es): {b['tok_s']} tok/s = {b['vs_quiet']}x quiet")
+    if isinstance(results.get("llama_cpp"), dict):
+        print(f"  llama.cpp: {results['llama_cpp']['error']}")
     for kv, m in results.get("memory_at", {}).get("by_cache", {}).items():
         in_use = f"peak RSS after loading {m['peak_rss_in_use_mb']} MB, " if "peak_rss_in_use_mb" in m else ""
         figures = (f"{in_use}peak RSS {m['peak_rss_mb']} MB (loading included), cache {m['kv_cache_mb']} MB"

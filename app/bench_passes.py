@@ -5,7 +5,8 @@ context depth this times passes of T tokens through the engine's own `forward` (
 verification runs; nothing is committed, so every pass writes the same slots), interleaved in rounds so a
 neighbour's burst lands on every T alike, and prints each pass's median time and its ratio to a 1-token pass.
 Then the INT4 products of one real layer (q/k/v, o, gate/up, down) on one thread at T = 8, 64, 512 rows: GMAC/s
-beside the core's measured AVX-512 VNNI peak (16 independent `vpdpbusd` chains).
+beside the core's measured AVX-512 VNNI peak (16 independent `vpdpbusd` chains), both in the thread's CPU time,
+so that a neighbour taking the core does not count against the kernel.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import time
 
 from .bench_decode import PROMPT, _median
+from .bench_random import RANDOM_SHAPES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,8 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--passes", default="1,2,4,8,16", help="comma-separated pass lengths (tokens)")
     p.add_argument("--depths", default="0,2000", help="comma-separated context depths (0 = a short chat prompt)")
     p.add_argument("--rows", default="8,64,512", help="comma-separated rows (tokens) for the products' GMAC/s")
+    p.add_argument("--breakdown", type=int, default=8, metavar="T",
+                   help="also split a pass of T tokens (and of 1) into products, head and the rest, one thread")
     p.add_argument("--repeats", type=int, default=15, help="rounds; each figure is the median")
     p.add_argument("--threads", type=int, default=None, help="threads (default: automatic)")
+    p.add_argument("--random", choices=sorted(RANDOM_SHAPES), default=None,
+                   help="random weights of this shape instead of --model (the tests use `small`)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -71,16 +77,59 @@ def product_gmacs(engine, rows: list[int], repeats: int) -> dict:
             macs = sum(M * L.N * L.K for L in lins)
             best = []
             for _ in range(max(3, repeats // 3) + 1):
-                t = time.perf_counter()
+                t = time.thread_time()  # one thread: the library runs in this one
                 for L, x, y in zip(lins, xs, ys, strict=True):
                     lib.parley_linear(ctypes.byref(L), M, x.data_ptr(), y.data_ptr())
-                best.append(time.perf_counter() - t)
+                best.append(time.thread_time() - t)
             gm = macs / _median(best[1:]) / 1e9
             out["by_rows"].append({"rows": M, "gmacs_per_core": round(gm, 1),
                                    "pct_of_peak": round(100 * gm / peak, 1) if peak else None})
         return out
     finally:
         lib.parley_threads(before)
+
+
+def breakdown(engine, ctx: list[int], T: int, repeats: int) -> dict:
+    """Where a T-token pass's time goes, on one thread in its CPU time (robust to a busy machine): the whole
+    pass, the decoder's INT4 products and the output head at T rows; the rest is attention, norms, rotary,
+    activation quantization and the cache writes."""
+    import torch
+
+    step = engine.native
+    if step is None:
+        return {"error": "the native step is not attached"}
+    lib, cache = step.lib, engine.target.cache
+    before = lib.parley_threads(-1)
+    lib.parley_threads(1)
+    try:
+        engine.reset_cache()
+        engine.prefill(ctx)
+        ids = torch.tensor([(ctx * (T // len(ctx) + 1))[:T]])
+        pos = torch.arange(len(ctx), len(ctx) + T)[None]
+        lins = [L for layer in step.layers for L in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        g = torch.Generator().manual_seed(0)
+        xs = [torch.randn(T, L.K, generator=g) for L in lins] + [torch.randn(T, step.md.head.K, generator=g)]
+        ys = [torch.empty(T, L.N) for L in lins] + [torch.empty(T, step.md.head.N)]
+        runs: dict[str, list[float]] = {"pass": [], "products": [], "head": []}
+        with torch.inference_mode():
+            for r in range(repeats + 1):
+                t0 = time.thread_time()
+                step(ids, pos, cache)
+                t1 = time.thread_time()
+                for L, x, y in zip(lins, xs, ys, strict=False):
+                    lib.parley_linear(ctypes.byref(L), T, x.data_ptr(), y.data_ptr())
+                t2 = time.thread_time()
+                lib.parley_linear(ctypes.byref(step.md.head), T, xs[-1].data_ptr(), ys[-1].data_ptr())
+                t3 = time.thread_time()
+                if r:
+                    runs["pass"].append(t1 - t0)
+                    runs["products"].append(t2 - t1)
+                    runs["head"].append(t3 - t2)
+    finally:
+        lib.parley_threads(before)
+    ms = {k: round(1e3 * _median(v), 3) for k, v in runs.items()}
+    ms["rest"] = round(ms["pass"] - ms["products"] - ms["head"], 3)
+    return {"tokens": T, **{f"{k}_ms": v for k, v in ms.items()}}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,8 +140,13 @@ def run(args: argparse.Namespace) -> int:
     passes = sorted({int(t) for t in args.passes.split(",") if t.strip()} | {1})
     depths = [int(d) for d in args.depths.split(",") if d.strip()]
     rows = [int(m) for m in args.rows.split(",") if m.strip()]
-    engine = Engine.load(args.model, quant=args.quant, kv_cache=None if args.kv_cache == "auto" else args.kv_cache,
-                         threads=args.threads)
+    if args.random:
+        from .bench_random import random_engine
+
+        engine = random_engine(args.random, args.quant, "cpu", kv_cache=args.kv_cache)
+    else:
+        engine = Engine.load(args.model, quant=args.quant, kv_cache=None if args.kv_cache == "auto" else args.kv_cache,
+                             threads=args.threads)
     ids = engine.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
     results: dict = {"model": engine.model_name, "quantization": engine.quantization, "kv_cache": engine.kv_cache,
                      "path": engine.step_kind, "threads": threads,
@@ -102,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
         ts = pass_times(engine, ctx, passes, args.repeats)
         results["depths"].append({"depth": depth, "context": len(ctx), "passes": [
             {"tokens": T, "ms": round(1e3 * ts[T], 3), "vs_one_token": round(ts[T] / ts[1], 2),
-             "ms_per_token": round(1e3 * ts[T] / T, 3)} for T in passes]})
+             "ms_per_token": round(1e3 * ts[T] / T, 3)} for T in passes],
+            "one_thread_cpu": [breakdown(engine, ctx, T, args.repeats) for T in sorted({1, args.breakdown})]})
     results["products"] = product_gmacs(engine, rows, args.repeats)
 
     if args.json:
@@ -115,6 +170,10 @@ def run(args: argparse.Namespace) -> int:
         for p in d["passes"]:
             print(f"      {p['tokens']:>3}-token pass: {p['ms']:8.3f} ms = {p['vs_one_token']:5.2f}x a 1-token pass "
                   f"({p['ms_per_token']:.3f} ms a token)")
+        for b in d["one_thread_cpu"]:
+            if "error" not in b:
+                print(f"      one thread, CPU time, {b['tokens']}-token pass {b['pass_ms']} ms: INT4 products "
+                      f"{b['products_ms']}, head {b['head_ms']}, the rest (attention, norms...) {b['rest_ms']}")
     pr = results["products"]
     if "error" in pr:
         print(f"  INT4 products: {pr['error']}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 RANDOM_SHAPES = {
     "7b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, intermediate_size=11008),
+    "smollm2-135m": dict(dim=576, n_layers=30, n_heads=9, n_kv_heads=3, intermediate_size=1536),  # the default's
     "small": dict(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=512),  # for tests
 }
 
@@ -28,7 +29,8 @@ def random_engine(shape: str, quant: str, device: str | None, kv_cache: str = "a
         model = Transformer(config).to(torch.bfloat16 if dev.type == "cuda" else torch.float32).eval()
     if quant == "awq":
         for parent, name, linear in decoder_linears(model):
-            setattr(parent, name, Int4Linear.from_linear(linear, 128))
+            group = 128 if linear.in_features % 128 == 0 else 64  # as AWQ falls back on the 576-wide model
+            setattr(parent, name, Int4Linear.from_linear(linear, group))
     step = prepare_for_device(model, native=native)
     return Engine(model, tokenizer, name=f"random-{shape}", quantization="rtn-int4" if quant == "awq" else "none",
                   context_window=4096, kv_cache=kv_cache, native=step)

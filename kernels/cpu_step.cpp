@@ -11,12 +11,18 @@
 // the pass holds 1 position or 512, and whichever thread computes it. Tiles over positions only reuse
 // loaded weights; they never reorder a position's arithmetic. So a position's logits are bitwise the same
 // in a decode pass, a verification pass or a prefill chunk. Build with -ffp-contract=off.
+//
+// Sections: small helpers; activation quantization; the products (INT4 / int8-head tiles of 1..8 positions x
+// 16 columns, portable loops, `linear`); the KV cache (writes in stored form, attention in 256-key blocks with
+// an optional per-layer sliding window, head_dim up to 256 on the vector paths); the entry points
+// (`parley_forward`, and `parley_linear` / `parley_attention` for tests against independent references).
 #include <algorithm>
 #include <type_traits>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <omp.h>
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
@@ -239,6 +245,8 @@ static void quantize_acts(const float* x, int M, int K, int G, const Act* a) {
 // Q4 layout, per 16-column block and 64-input chunk: 8 vectors of 64 bytes; byte 4n + j of vector t holds
 // q[n][4t + j] (low nibble) and q[n][32 + 4t + j] (high nibble). s16, z: [N/16][K/G][16]. The zero point
 // enters once per group through the activations' group sums: -z*s is exact in fp32 (an fp16 times 0..15).
+// The high nibbles are not shifted down: `v & 0xf0` is 16 x the nibble, its block sum (< 2^24) converts to
+// float exactly and meets s / 16 (exact), so the product is bitwise the shifted one's, one instruction fewer.
 // Q8 layout (head): 16 vectors of 64 bytes per chunk; byte 4n + j of vector t is w[n][4t + j] + 128.
 
 static inline int32_t load_i32(const int8_t* p) {
@@ -248,6 +256,11 @@ static inline int32_t load_i32(const int8_t* p) {
 }
 
 #if PARLEY_VNNI
+// INT4 weights stream from memory once per pass: each vector loaded asks for the one this far ahead (the blocks
+// of a thread's columns are contiguous, so it runs on into the next block). +~14% at 8 rows on one thread; the
+// int8 head measured slower with it (0.81-1.00 ms -> 0.87-1.17 ms at 1 row), so it has none.
+constexpr int PREFETCH_BYTES = 2048;
+
 template <int R>
 static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y, int ldy) {
     const int K = L->K, nc = K / 64, G = L->group, ng = K / G, cpg = G / 64;
@@ -263,8 +276,9 @@ static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y
             for (int p = 0; p < P; p++) i0[r][p] = i1[r][p] = _mm512_setzero_si512();
         const uint8_t* w = wq + (size_t)ci * 512;
         for (int t = 0; t < 8; t++) {
+            _mm_prefetch((const char*)(w + PREFETCH_BYTES + t * 64), _MM_HINT_T0);
             const __m512i v = _mm512_loadu_si512((const void*)(w + t * 64));
-            const __m512i l = _mm512_and_si512(v, lo), h = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo);
+            const __m512i l = _mm512_and_si512(v, lo), h = _mm512_andnot_si512(lo, v);  // h: 16 x the high nibble
             for (int r = 0; r < R; r++) {
                 const int8_t* x = a->q + (size_t)(m0 + r) * K + ci * 64 + 4 * t;
                 i0[r][t % P] = _mm512_dpbusd_epi32(i0[r][t % P], l, _mm512_set1_epi32(load_i32(x)));
@@ -272,6 +286,7 @@ static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y
             }
         }
         const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(S + (size_t)(ci / cpg) * 16)));
+        const __m512 s_16 = _mm512_mul_ps(s, _mm512_set1_ps(0.0625f));  // exact: the high sums are 16x (< 2^24)
         for (int r = 0; r < R; r++) {
             __m512i b0 = i0[r][0], b1 = i1[r][0];
             if (P == 2) {
@@ -280,7 +295,7 @@ static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y
             }
             const float* d = a->d + (size_t)(m0 + r) * (K / 32) + 2 * ci;
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b0), _mm512_mul_ps(_mm512_set1_ps(d[0]), s), acc[r]);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b1), _mm512_mul_ps(_mm512_set1_ps(d[1]), s), acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b1), _mm512_mul_ps(_mm512_set1_ps(d[1]), s_16), acc[r]);
         }
     }
     const uint8_t* Z = L->z + (size_t)nb * ng * 16;
@@ -428,10 +443,15 @@ static void linear(const Lin* L, int M, const float* x, const Act* a, float* y) 
     const int N = L->N;
 #if PARLEY_VNNI
     if (L->kind != W_F32) {
+        // Work items: (chunk of up to 64 positions, 16-column block), chunk-major, so that a long pass (prefill)
+        // keeps one chunk's activations in L2 while each thread's weight blocks cycle, instead of streaming
+        // all its positions' activations again for every block.
+        const int nbs = (N + 15) / 16, nmc = (M + 63) / 64;
 #pragma omp for schedule(static)
-        for (int nb = 0; nb < (N + 15) / 16; nb++) {
-            for (int m = 0; m < M; m += 8) {  // tiles of up to 8 positions share each loaded weight vector
-                switch (std::min(8, M - m)) {
+        for (int t = 0; t < nmc * nbs; t++) {
+            const int nb = t % nbs, m1 = std::min(M, (t / nbs + 1) * 64);
+            for (int m = t / nbs * 64; m < m1; m += 8) {  // tiles of up to 8 positions share each weight vector
+                switch (std::min(8, m1 - m)) {
                 case 1: quant_block<1>(L, nb, a, m, y); break;
                 case 2: quant_block<2>(L, nb, a, m, y); break;
                 case 3: quant_block<3>(L, nb, a, m, y); break;
@@ -992,16 +1012,19 @@ extern "C" int parley_threads(int n) {
 extern "C" int parley_has_vnni(void) { return PARLEY_VNNI; }
 
 // The core's int8 multiply-add peak (one thread): `iters` rounds of 16 independent vpdpbusd chains (64 MACs
-// each), in GMAC/s. What `parley bench passes` sets the products' speed beside. 0 without VNNI.
+// each), in GMAC/s of this thread's CPU time (a busy machine's preemptions do not count). What `parley bench
+// passes` sets the products' speed beside. 0 without VNNI.
 extern "C" double parley_vnni_peak_gmacs(int iters) {
 #if PARLEY_VNNI
     __m512i acc[16];
     for (int i = 0; i < 16; i++) acc[i] = _mm512_set1_epi32(i);
     const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(5);
-    const double t0 = omp_get_wtime();
+    timespec t0, t1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
     for (int it = 0; it < iters; it++)
         for (int i = 0; i < 16; i++) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
-    const double dt = omp_get_wtime() - t0;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+    const double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     __m512i sum = acc[0];
     for (int i = 1; i < 16; i++) sum = _mm512_add_epi32(sum, acc[i]);
     volatile int sink = _mm512_reduce_add_epi32(sum);  // keeps the loop

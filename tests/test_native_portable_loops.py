@@ -1,6 +1,6 @@
 """CPUs without AVX-512 VNNI (most laptops) get cpu_step.cpp's portable loops: build that variant here
-(PARLEY_NATIVE_FLAGS=-mno-avx512vnni, its own cache folder) and run the native step's reference and
-batch-invariance tests against it, in a child process so this one keeps its library."""
+(PARLEY_NATIVE_FLAGS=-mno-avx512vnni, its own cache folder) and run the native step's reference,
+batch-invariance and attention tests against it, in a child process so this one keeps its library."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ def test_portable_loops_pass_the_native_tests(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         str(TESTS / "test_native_linear_matches_reference.py"),
-                        str(TESTS / "test_native_step_batch_invariance.py")],
+                        str(TESTS / "test_native_step_batch_invariance.py"),
+                        str(TESTS / "test_native_attention_matches_banded_reference.py")],
                        env=env, capture_output=True, text=True, timeout=1200, cwd=TESTS.parent)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]

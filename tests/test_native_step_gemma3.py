@@ -12,7 +12,7 @@ import torch
 
 from parley.kernels import native
 from parley.models.config import ModelConfig
-from parley.models.native_step import attach
+from parley.models.native_step import NativeStep
 from parley.models.quantize.int4_linear import Int4Linear, decoder_linears
 from parley.models.transformer import Transformer
 
@@ -39,12 +39,14 @@ def gemma_model(int4: bool, seed: int, windows: tuple[int, ...] = (40, 0, 300)) 
     return model
 
 
-def logits_in_chunks(model: Transformer, ids: list[int], chunks: list[int], kind: str = "fp") -> torch.Tensor:
+def logits_in_chunks(model: Transformer, ids: list[int], chunks: list[int], kind: str = "fp",
+                     step=None) -> torch.Tensor:
     cache = model.new_cache(N, kind=kind)
+    step = step or model
     out, start = [], 0
     with torch.inference_mode():
         for n in chunks:
-            out.append(model(torch.tensor([ids[start : start + n]]), torch.arange(start, start + n)[None], cache)[0])
+            out.append(step(torch.tensor([ids[start : start + n]]), torch.arange(start, start + n)[None], cache)[0])
             start += n
     return torch.cat(out)
 
@@ -56,8 +58,8 @@ def test_native_step_matches_the_pytorch_forward(int4: bool) -> None:
     rng = random.Random(seed)
     ids = [rng.randrange(300) for _ in range(N)]
     ref = logits_in_chunks(model, ids, [N])
-    assert attach(model, head_bits=8 if int4 else 32) is None
-    got = logits_in_chunks(model, ids, [200, 1, 399])
+    step = NativeStep.for_model(model, head_bits=8 if int4 else 32)
+    got = logits_in_chunks(model, ids, [200, 1, 399], step=step)
     if int4:  # activations quantized to 8 bits on the native path
         assert ((got - ref).norm() / ref.norm()).item() < 0.05, f"seed {seed}"
     else:
@@ -69,14 +71,14 @@ def test_logits_do_not_depend_on_pass_lengths(kind: str) -> None:
     seed = 31
     rng = random.Random(seed)
     model = gemma_model(True, seed)
-    assert attach(model) is None
+    step = NativeStep.for_model(model)
     ids = [rng.randrange(300) for _ in range(N)]
-    whole = logits_in_chunks(model, ids, [N], kind)
+    whole = logits_in_chunks(model, ids, [N], kind, step)
     sizes: list[int] = []
     while sum(sizes) < N:
         sizes.append(min(rng.randint(1, 17), N - sum(sizes)))
-    assert torch.equal(whole, logits_in_chunks(model, ids, sizes, kind)), f"seed={seed}: passes of {sizes}"
-    tail = logits_in_chunks(model, ids, [N - 5, 1, 1, 1, 1, 1], kind)
+    assert torch.equal(whole, logits_in_chunks(model, ids, sizes, kind, step)), f"seed={seed}: passes of {sizes}"
+    tail = logits_in_chunks(model, ids, [N - 5, 1, 1, 1, 1, 1], kind, step)
     assert torch.equal(whole, tail), f"seed={seed}: one-token passes differ"
 
 
@@ -88,8 +90,8 @@ def test_four_bit_head_is_close_and_batch_invariant() -> None:
     model = gemma_model(True, seed)
     ids = [rng.randrange(300) for _ in range(120)]
     ref = logits_in_chunks(model, ids, [120])
-    assert attach(model, head_bits=4) is None
-    whole = logits_in_chunks(model, ids, [120])
+    step = NativeStep.for_model(model, head_bits=4)
+    whole = logits_in_chunks(model, ids, [120], step=step)
     # 4-bit rounding of these Gaussian weights alone moves the logits by ~9%; a misplaced group or scale by ~100%
     assert ((whole - ref).norm() / ref.norm()).item() < 0.15, f"seed {seed}"
-    assert torch.equal(whole, logits_in_chunks(model, ids, [50, 1, 69])), f"seed {seed}"
+    assert torch.equal(whole, logits_in_chunks(model, ids, [50, 1, 69], step=step)), f"seed {seed}"
