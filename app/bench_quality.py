@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache", default=None, metavar="TYPES",
                         help="instead: the fp32 model (as the engine runs it) with each comma-separated KV cache "
                              "type (fp, bf16, int8, k8v4); use long chunks, e.g. --chunk 2048")
+    parser.add_argument("--agreement-tokens", type=int, default=64,
+                        help="greedy tokens of the INT4 model compared with the fp model's on the project's bench "
+                             "prompts (0: skip)")
     parser.add_argument("--summary-tokens", type=int, default=128,
                         help="with --kv-cache: greedy tokens of a long-document summary compared with the fp cache's")
     add_json_argument(parser)
@@ -116,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     from ..engine.engine import Engine
     from ..models.quantize.awq import rtn_quantize
     from ..models.quantize.cache import ensure_quantized
+    from ..models.quantize.int4_linear import bits_per_weight
     from ..models.resolve import resolve
     from .cli import print_progress
     from .cli_quantize import _calib
@@ -173,9 +177,17 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     results["awq_int4"] = {"ppl": perplexity(awq, chunks, step=awq_step), "seconds": time.monotonic() - t0,
                            "group_size": manifest["settings"]["group_size_used"], "head": head,
-                           "quantize_s": manifest["timing"]["quantize_s"], "cache_load_s": load_s,
-                           "calibration": manifest["calibration"], "folder": str(awq_files.path)}
+                           "method": manifest["settings"].get("method", "awq"),
+                           "bits_per_weight": bits_per_weight(awq), "quantize_s": manifest["timing"]["quantize_s"],
+                           "cache_load_s": load_s, "calibration": manifest["calibration"],
+                           "folder": str(awq_files.path)}
+    results["rtn_int4"]["bits_per_weight"] = bits_per_weight_rtn(group)
     say(f"AWQ  g{group:<4}  ppl {results['awq_int4']['ppl']:.3f}")
+    if args.agreement_tokens:
+        fp_engine = Engine.load(args.model, quant="none", device="cpu")
+        int4_engine = Engine.load(str(awq_files.path), quant="none", device="cpu")
+        results["awq_int4"]["greedy_agreement"] = greedy_agreement(fp_engine, int4_engine, args.agreement_tokens)
+        del fp_engine, int4_engine
 
     base = results["fp32"]["ppl"]
     for r in results.values():
@@ -187,12 +199,55 @@ def run(args: argparse.Namespace) -> int:
     }
 
     def lines(summary: dict) -> list[str]:
-        rows = [(name, f"{r['ppl']:.3f}", f"{100 * r['vs_fp32']:+.1f}%") for name, r in results.items()]
-        return ["", *table(("model", "ppl", "vs fp32"), rows),
-                f"group size {group}; AWQ calibration: {manifest['calibration']}; "
-                f"quantized in {manifest['timing']['quantize_s']} s"]
+        rows = [(name, f"{r['ppl']:.3f}", f"{100 * r['vs_fp32']:+.1f}%",
+                 f"{r['bits_per_weight']:.3f}" if "bits_per_weight" in r else "16/32")
+                for name, r in results.items()]
+        out = ["", *table(("model", "ppl", "vs fp32", "bits/weight (decoder linears)"), rows),
+               f"group size {group}; method {results['awq_int4']['method']}; output head: {head}; "
+               f"calibration: {manifest['calibration']}; quantized in {manifest['timing']['quantize_s']} s"]
+        if "greedy_agreement" in results["awq_int4"]:
+            g = results["awq_int4"]["greedy_agreement"]
+            out.append(f"greedy agreement with fp32 over {g['tokens']} tokens on {len(g['prompts'])} prompts: "
+                       f"identical for the first {g['median']} tokens (median), {g['worst']} (worst)")
+        return out
 
     return emit(summary, args.json, lines)
+
+
+def bits_per_weight_rtn(group: int) -> float:
+    """What the RTN model stores per weight: 4 bits + an fp16 scale and a 4-bit zero per group."""
+    return 4 + (16 + 4) / group
+
+
+def greedy(engine, ids: list[int], new_tokens: int) -> list[int]:
+    """`new_tokens` greedy tokens after prompt `ids`, one decode step at a time from an empty cache."""
+    engine.reset_cache()
+    engine.prefill(ids[:-1])
+    tok, out = ids[-1], []
+    for _ in range(new_tokens):
+        logits = engine.forward([tok])
+        engine.commit([tok])
+        tok = int(logits[-1].argmax())
+        out.append(tok)
+    return out
+
+
+def greedy_agreement(fp, int4, new_tokens: int) -> dict:
+    """Tokens until the INT4 model's first greedy difference from the fp model, on the benches' chat prompts."""
+    import statistics
+
+    from .bench_decode import PROMPT
+    from .bench_speculative import CHAT_PROMPT, SUMMARY_PROMPT, document
+
+    prompts = {"decode": PROMPT, "chat": CHAT_PROMPT, "sky": "Why is the sky blue?",
+               "summary": SUMMARY_PROMPT + document()[:3000]}
+    same = {}
+    for name, text in prompts.items():
+        ids = fp.tokenizer.encode_chat([{"role": "user", "content": text}])
+        a, b = greedy(fp, ids, new_tokens), greedy(int4, ids, new_tokens)
+        same[name] = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), new_tokens)
+    return {"tokens": new_tokens, "prompts": same, "median": statistics.median(same.values()),
+            "worst": min(same.values())}
 
 
 def greedy_summary(engine, kind: str, new_tokens: int) -> list[int]:

@@ -22,8 +22,10 @@ import torch
 from torch import Tensor, nn
 
 from ..progress import Progress, ProgressFn
+from .gptq import gptq_round
 from .int4_linear import Int4Linear, decoder_linears
-from .pack import fake_quantize
+from .pack import Bounds, fake_quantize
+from .rotate import rotatable, rotate_model
 
 SUPPORTED_GROUP_SIZES = (128, 64, 32)
 
@@ -70,6 +72,12 @@ class AWQSettings:
     # Feed each layer the outputs of the already-quantized layers before it (so its search sees the
     # activations the INT4 model will produce) instead of the fp outputs AutoAWQ uses.
     quantized_inputs: bool = False
+    # Rotate the residual stream first (rotate.py; pre-norm RMSNorm architectures only, a no-op elsewhere).
+    rotate: bool = False
+    rotation_seed: int = 0
+    # Round with GPTQ's error compensation (gptq.py) on the AWQ-scaled, clipped grid instead of to nearest.
+    gptq: bool = False
+    act_order: bool = False
 
 
 @dataclass
@@ -85,6 +93,7 @@ class AWQReport:
     requested_group_size: int
     layers: list[LayerReport] = field(default_factory=list)
     seconds: float = 0.0
+    rotated: bool = False
 
 
 class _SequenceCache:
@@ -329,17 +338,28 @@ def awq_layer(block: nn.Module, x: Tensor, run: LayerRunner, settings: AWQSettin
     if not quantize:
         return out, alphas
     for group in groups:
+        h = gram(group.x) if settings.gptq else None
         for lin in group.linears:
             # q and k feed a softmax: the error of their own outputs is a poor proxy, so (as AutoAWQ) they
             # are not clipped.
             clip = settings.clip and lin not in (block.self_attn.q_proj, block.self_attn.k_proj)
             bound = search_clip(lin.weight.data, group.x, group_size, settings) if clip else None
-            replace_module(block, lin, Int4Linear.from_linear(lin, group_size, bound))
+            replace_module(block, lin, quantize_linear(lin, h, group_size, bound, settings))
         group.x = torch.empty(0)
     for lin, x_in in loose:
         bound = search_clip(lin.weight.data, x_in, group_size, settings) if settings.clip else None
-        replace_module(block, lin, Int4Linear.from_linear(lin, group_size, bound))
+        h = gram(x_in) if settings.gptq else None
+        replace_module(block, lin, quantize_linear(lin, h, group_size, bound, settings))
     return out, alphas
+
+
+def quantize_linear(lin: nn.Linear, h: Tensor | None, group_size: int, bound: Bounds | None,
+                    settings: AWQSettings) -> Int4Linear:
+    """The INT4 module of a scaled linear: GPTQ-rounded on inputs with Gram matrix h, or rounded to nearest."""
+    if h is None:
+        return Int4Linear.from_linear(lin, group_size, bound)
+    q, scales, zeros = gptq_round(lin.weight.data, h, group_size, bound, act_order=settings.act_order)
+    return Int4Linear.from_int(q, scales, zeros, group_size, lin.bias)
 
 
 def replace_module(root: nn.Module, old: nn.Module, new: nn.Module) -> None:
@@ -366,6 +386,9 @@ def awq_quantize(model: nn.Module, tokens: Tensor, settings: AWQSettings | None 
     report = AWQReport(group_size=group_size, requested_group_size=settings.group_size)
     home = model.norm.weight.device
     device = torch.device(device) if device is not None else home
+    if settings.rotate and rotatable(model):
+        rotate_model(model, settings.rotation_seed)
+        report.rotated = True
     dtype = model.norm.weight.dtype
     run = LayerRunner(model, tokens.shape[1], device, dtype, settings.chunk)
     x = model.embed(tokens.to(home)).to(device)

@@ -41,7 +41,8 @@ log = logging.getLogger("parley.quantize")
 CACHE_ENV = "PARLEY_CACHE_DIR"
 # Bump when the algorithm or the folder format changes: older folders stop matching.
 # 3: the rotary frequencies of a GGUF's `rope_freqs` are stored in the folder.
-FORMAT_VERSION = 4  # 4: o_proj quantized under grouped-query attention too
+# 4: o_proj quantized under grouped-query attention too. 5: the method is part of the key (see first_run_method).
+FORMAT_VERSION = 5
 MANIFEST = "manifest.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
                    "generation_config.json", "vocab.json", "merges.txt", "added_tokens.json")
@@ -61,6 +62,23 @@ def cache_root() -> Path:
 def default_calibration_size(device: torch.device) -> tuple[int, int]:
     """(samples, tokens each): AWQ's 128 x 512 on an accelerator, 32 x 256 on a CPU (minutes, not an hour)."""
     return (128, 512) if device.type == "cuda" else (32, 256)
+
+
+def first_run_settings(group_size: int, device: torch.device) -> AWQSettings:
+    """The quantization a first run ships: AWQ scales on a rotated residual stream, rounded with GPTQ (see
+    README, "INT4 quality", for what each step buys and what did not pay)."""
+    awq = AWQSettings(group_size=group_size, rotate=True, gptq=True)
+    if device.type == "cpu":  # minutes, not an hour: see AWQSettings for what these trade
+        awq.search_samples = 8
+        if fast_cpu_bf16():
+            awq.search_dtype = torch.bfloat16
+    return awq
+
+
+def method_name(awq: AWQSettings) -> str:
+    """What the cache key and manifest call the method: a folder built by another method is never reused."""
+    steps = ["rotate"] * awq.rotate + ["awq"] + ["gptq-act-order" if awq.act_order else "gptq"] * awq.gptq
+    return "+".join(steps)
 
 
 def fast_cpu_bf16() -> bool:
@@ -193,7 +211,8 @@ def ensure_quantized(files: ModelFiles, *, group_size: int = 128, calib: str | l
     device = torch.device(device) if device is not None else torch.device(
         "cuda" if torch.cuda.is_available() else "cpu")
     default_n, default_len = default_calibration_size(device)
-    settings = {"format": FORMAT_VERSION, "method": "awq", "bits": 4, "group_size": group_size,
+    settings = {"format": FORMAT_VERSION, "method": method_name(first_run_settings(group_size, device)),
+                "bits": 4, "group_size": group_size,
                 "calib": calibration_key(calib), "n_samples": n_samples or default_n,
                 "seq_len": seq_len or default_len}
     key = {"source": source_identity(files), "settings": settings}
@@ -273,11 +292,7 @@ def build(files: ModelFiles, key: dict[str, Any], folder: Path, calib: str | lis
         model = load_model(files, dtype=dtype, device="cpu")
         tok = load_tokenizer(files)
         calibration = load_calibration(tok.encode, settings["n_samples"], settings["seq_len"], calib)
-        awq = AWQSettings(group_size=settings["group_size"])
-        if device.type == "cpu":  # minutes, not an hour: see AWQSettings for what these trade
-            awq.search_samples = 8
-            if fast_cpu_bf16():
-                awq.search_dtype = torch.bfloat16
+        awq = first_run_settings(settings["group_size"], device)
         t0 = time.monotonic()
         report = awq_quantize(model, calibration.tokens, awq, progress=progress, device=device)
         quantize_s = time.monotonic() - t0
@@ -290,7 +305,8 @@ def build(files: ModelFiles, key: dict[str, Any], folder: Path, calib: str | lis
                          "group_size_note": _group_note(report.requested_group_size, report.group_size),
                          "search_dtype": str(awq.search_dtype or dtype).removeprefix("torch."),
                          "search_samples": awq.search_samples, "n_grid": awq.n_grid,
-                         "duo_scaling": awq.duo_scaling, "clip": awq.clip},
+                         "duo_scaling": awq.duo_scaling, "clip": awq.clip, "rotated": report.rotated,
+                         "gptq": awq.gptq, "act_order": awq.act_order},
             "calibration": calibration.description,
             "alphas": [layer.alphas for layer in report.layers],
             "timing": {"quantize_s": round(quantize_s, 1), "total_s": round(time.monotonic() - start, 1),

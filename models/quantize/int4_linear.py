@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from ... import kernels
-from .pack import Bounds, quantize_weight
+from .pack import Bounds, pack_awq, quantize_weight
 
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -52,6 +52,18 @@ class Int4Linear(nn.Module):
             m.bias = linear.bias.data.clone()
         return m
 
+    @classmethod
+    def from_int(cls, q: Tensor, scales: Tensor, zeros: Tensor, group_size: int,
+                 bias: Tensor | None = None) -> Int4Linear:
+        """From integer weights q [out, in] and their group scales / zero points [out, in/group] (GPTQ's)."""
+        out_f, in_f = q.shape
+        m = cls(in_f, out_f, group_size, bias is not None, device=q.device,
+                dtype=bias.dtype if bias is not None else torch.float16)
+        m.qweight, m.qzeros, m.scales = pack_awq(q, scales, zeros)
+        if bias is not None:
+            m.bias = bias.detach().clone()
+        return m
+
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
         self._prepared = None  # new tensors: repack on next use
         super()._load_from_state_dict(*args, **kwargs)
@@ -83,3 +95,14 @@ def decoder_linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
                 if hasattr(parent, name):
                     found.append((parent, name, getattr(parent, name)))
     return found
+
+
+def bits_per_weight(model: nn.Module) -> float:
+    """Stored bits per weight over the decoder's INT4 linears: the 4-bit integers plus every group's fp16
+    scale and packed 4-bit zero point (the output head and embeddings not included)."""
+    bits = weights = 0
+    for _, _, lin in decoder_linears(model):
+        if isinstance(lin, Int4Linear):
+            bits += sum(t.numel() * t.element_size() * 8 for t in (lin.qweight, lin.qzeros, lin.scales))
+            weights += lin.in_features * lin.out_features
+    return bits / weights if weights else float("nan")

@@ -1,0 +1,56 @@
+"""GPTQ error compensation (Frantar et al. 2022, arXiv 2210.17323) on a fixed INT4 group grid.
+
+Why: rounding each weight to its nearest grid point ignores that the inputs are correlated. GPTQ rounds
+the columns (input channels) one at a time and pushes each column's rounding error onto the columns not yet
+rounded, weighted by the inverse of the calibration Gram matrix H = X^T X, which minimises the layer's
+output error over the calibration tokens rather than the weight error.
+
+The grid (scale and zero point of every group) is fixed before the loop, from the AWQ-scaled weights and
+their searched clipping range: the "static groups" variant, so act-order (the columns with the largest
+H diagonal first) only changes the order of rounding, never which columns share a group, and the result
+stays an ordinary AutoAWQ checkpoint with contiguous groups.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .pack import MAX_INT, Bounds, group_params
+
+
+@torch.no_grad()
+def gptq_round(w: Tensor, h: Tensor, group_size: int, bounds: Bounds | None = None, *, act_order: bool = False,
+               damp: float = 0.01, block: int = 128) -> tuple[Tensor, Tensor, Tensor]:
+    """Integer weights q int32 [out, in] in [0, 15] with their group (scales, zeros) [out, in/group] for
+    weight w [out, in] on inputs with Gram matrix h [in, in] (any positive scale)."""
+    w = w.float().clone()
+    out_f, in_f = w.shape
+    scales, zeros = group_params(w, group_size, bounds)
+    col_scale = scales.repeat_interleave(group_size, 1)  # [out, in]
+    col_zero = zeros.repeat_interleave(group_size, 1)
+    h = h.float().clone()
+    dead = h.diagonal() == 0  # channels never active: any value is exact, round them as they are
+    h[dead, dead] = 1
+    order = torch.argsort(h.diagonal(), descending=True) if act_order else torch.arange(in_f)
+    w, h = w[:, order], h[order][:, order]
+    col_scale, col_zero = col_scale[:, order], col_zero[:, order]
+    h.diagonal().add_(damp * h.diagonal().mean())
+    # The upper Cholesky factor of H^-1: row j holds how column j's error spreads over the later columns.
+    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    q = torch.empty_like(w, dtype=torch.int32)
+    for b0 in range(0, in_f, block):
+        b1 = min(b0 + block, in_f)
+        wb = w[:, b0:b1].clone()
+        err = torch.empty_like(wb)
+        for j in range(b1 - b0):
+            c = b0 + j
+            col = wb[:, j]
+            qc = (torch.round(col / col_scale[:, c]) + col_zero[:, c]).clamp(0, MAX_INT)
+            q[:, c] = qc.to(torch.int32)
+            e = (col - (qc - col_zero[:, c]) * col_scale[:, c]) / hinv[c, c]
+            wb[:, j:] -= e[:, None] * hinv[c, c:b1][None, :]
+            err[:, j] = e
+        w[:, b1:] -= err @ hinv[b0:b1, b1:]
+    inverse = torch.argsort(order)
+    return q[:, inverse].contiguous(), scales, zeros
