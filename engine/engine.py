@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..models.progress import Progress, ProgressFn
+from ..models.progress import ProgressFn
 from ..models.transformer import KV_CACHE_TYPES, Transformer
 from .cached_model import CachedModel, Step
 from .protocol import Capabilities
@@ -100,9 +100,7 @@ class Engine:
             quantization = "awq-int4"
         elif quant != "none":
             raise ValueError(f"--quant {quant!r}: expected 'awq' or 'none'")
-        if progress is not None:
-            progress(Progress("load", 0, 0, "", f"reading the weights of {name}"))
-        model = load_model(files, dtype=dtype, device=dev)
+        model = load_model(files, dtype=dtype, device=dev, progress=progress, name=name)
         if quantization == "none" and model.config.quantization:
             quantization = f"{model.config.quantization.get('quant_method', 'quantized')}-int4"
         from ..models.device_prep import prepare_for_device

@@ -18,6 +18,7 @@ from safetensors import safe_open
 
 from .config import ModelConfig
 from .errors import ModelLoadError
+from .progress import Progress, ProgressFn
 from .resolve import ModelFiles, weight_files
 from .transformer import Transformer, is_norm_weight, rope_frequencies
 
@@ -34,15 +35,22 @@ def load_config(files: ModelFiles) -> ModelConfig:
 
 
 def load_model(files: ModelFiles, dtype: torch.dtype = torch.float32,
-               device: torch.device | str = "cpu") -> Transformer:
-    """The model in eval mode, its weights in `dtype` on `device` (INT4 scales stay fp16)."""
+               device: torch.device | str = "cpu", progress: ProgressFn | None = None,
+               name: str | None = None) -> Transformer:
+    """The model in eval mode, its weights in `dtype` on `device` (INT4 scales stay fp16). `progress` hears
+    once the config is valid (a damaged config is one error line, with no progress line before it)."""
     from .quantize.checkpoint import awq_group_size_of, is_awq
+
+    def reading() -> None:
+        if progress is not None:
+            progress(Progress("load", 0, 0, "", f"reading the weights of {name or Path(files.path).name}"))
 
     if files.kind == "gguf":
         from .gguf_weights import iter_weights, open_gguf
 
         file = open_gguf(files.path)
         config = ModelConfig.from_gguf(file)
+        reading()
         weights = iter_weights(file, config.arch, config.n_heads, config.n_kv_heads)
         return assemble(config, weights, dtype, device, str(files.path))
     config = load_config(files)
@@ -55,6 +63,7 @@ def load_model(files: ModelFiles, dtype: torch.dtype = torch.float32,
             f"{files.path / 'config.json'}: quantization {method!r} is not supported; use the unquantized "
             "model (Parley quantizes it to AWQ itself) or an AWQ checkpoint"
         )
+    reading()
     weights = safetensors_weights(files.path, device)
     if config.norm_unit_offset:  # Gemma stores w for a gain of 1 + w; the model holds the gain
         weights = ((n, t.float() + 1 if is_norm_weight(n) else t) for n, t in weights)
