@@ -106,8 +106,9 @@ class Session:
                 k = 0  # auto: measure one plain round to compare with, or drafting was measured not to pay
             draft, q = drafter.propose(context, k, params, generator) if k > 0 else ([], None)
             scores = getattr(drafter, "scores", None) if draft and q is None else None
-            if scores:  # verify only the guesses worth their share of a longer pass (measured costs)
-                del draft[best_length(scores, cost, (landed + 1) / (expected + 1)):]
+            if scores:  # verify the guesses worth their share of a longer pass (measured costs); at least
+                # one, so the cost of longer passes and how well guesses land go on being measured
+                del draft[max(1, best_length(scores, cost, (landed + 1) / (expected + 1))):]
             # forward + verify: one target pass scores every guess and decides one token past them
             verifying = round_clock()
             logits = target.forward([pending, *draft])
