@@ -113,6 +113,8 @@ class NativeStep:
             L.o = self._linear(f"{i}.o", [at.o_proj])
             L.gate_up = self._linear(f"{i}.gate_up", [mlp.gate_proj, mlp.up_proj], interleave=True)
             L.down = self._linear(f"{i}.down", [mlp.down_proj])
+        if progress is not None and packed is None and time.monotonic() - started > 0.5:  # the line's last figure
+            progress(Progress("load", c.n_layers, c.n_layers, "layer", "preparing the CPU step: done"))
         self.layers = layers
         head_w = model.embed_tokens.weight if c.tie_embeddings else model.lm_head.weight
         if not isinstance(head_w, Tensor) or head_w.dtype != torch.float32:
