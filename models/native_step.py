@@ -123,6 +123,8 @@ class NativeStep:
             if block.sandwich:
                 L.post_attn_norm = self._ptr(block.post_attention_layernorm.weight)
                 L.post_ffn_norm = self._ptr(block.post_feedforward_layernorm.weight)
+        if progress is not None and packed is None and time.monotonic() - started > 0.5:  # the line's last figure
+            progress(Progress("load", c.n_layers, c.n_layers, "layer", "preparing the CPU step: done"))
         self.layers = layers
         head_w = model.embed_tokens.weight if c.tie_embeddings else model.lm_head.weight
         if not isinstance(head_w, Tensor) or head_w.dtype != torch.float32:
