@@ -195,6 +195,8 @@ def attach(model: Transformer, head_bits: int = 8) -> str | None:
         return "PARLEY_NATIVE=0"
     if model.norm.weight.device.type != "cpu" or model.norm.weight.dtype != torch.float32:
         return "the native step runs fp32 models on the CPU"
+    if head_bits == 8 and os.environ.get("PARLEY_HEAD_BITS") == "4":  # opt-in: see README, Gemma 3 figures
+        head_bits = 4
     lib = native.load()
     if lib is None:
         return native.why_unavailable()
