@@ -211,12 +211,15 @@ class DraftModel:
         if not 1 <= n_layers <= target.config.n_layers:
             raise ValueError(f"self-draft layers={n_layers}: the target has {target.config.n_layers} layers")
         with torch.device("meta"):  # a shell; every module is then replaced by the target's own
-            shell = Transformer(replace(target.config, n_layers=n_layers))
+            shell = Transformer(replace(target.config, n_layers=n_layers,
+                                        layer_windows=target.config.layer_windows[:n_layers]))
         shell.embed_tokens = target.embed_tokens
         shell.layers = nn.ModuleList(target.layers[:n_layers])
         shell.norm = target.norm
         shell.lm_head = target.lm_head
         shell.inv_freq = target.inv_freq
+        if hasattr(target, "inv_freq_local"):  # Gemma 3's sliding-window layers
+            shell.inv_freq_local = target.inv_freq_local
         kw.setdefault("name", f"self:{n_layers}")
         return cls(shell, tokenizer, tokenizer, vocab_size=target.config.vocab_size,
                    native=prepare_for_device(shell, native=native), **kw)

@@ -107,15 +107,11 @@ class ModelConfig:
             raise ConfigError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         if self.head_dim <= 0 or self.head_dim % 2:
             raise ConfigError(f"head_dim={self.head_dim}: rotary embeddings need a positive, even head size")
-        if not self.layer_windows:
+        if not any(self.layer_windows):  # all global (also after `replace(config, n_layers=...)`)
             self.layer_windows = (0,) * self.n_layers
         self.layer_windows = tuple(self.layer_windows)
         if len(self.layer_windows) != self.n_layers:
             raise ConfigError(f"{len(self.layer_windows)} layer windows for {self.n_layers} layers")
-
-    def rope_theta_of(self, layer: int) -> float:
-        """The rope base of one layer: Gemma 3's sliding-window layers rotate with their own."""
-        return self.rope_local_theta if self.layer_windows[layer] and self.rope_local_theta else self.rope_theta
 
     @classmethod
     def from_hf(cls, cfg: Any, source: str = "config.json") -> ModelConfig:

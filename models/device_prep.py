@@ -10,6 +10,7 @@ for the native step: it is returned, and `CachedModel` runs it.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from torch import nn
@@ -38,8 +39,11 @@ def prepare_for_device(model: Transformer, *, native: bool = True, packed_dir: P
     weight = model.norm.weight
     int4 = is_int4(model)
     if native and weight.device.type == "cpu":
+        head_bits = 8 if int4 else 32
+        if int4 and os.environ.get("PARLEY_HEAD_BITS") == "4":  # opt-in 4-bit head: README, Gemma 3 figures
+            head_bits = 4
         try:
-            return NativeStep.for_model(model, head_bits=8 if int4 else 32, packed_dir=packed_dir,
+            return NativeStep.for_model(model, head_bits=head_bits, packed_dir=packed_dir,
                                         progress=progress)
         except NativeUnavailable as e:
             log.info("the native CPU step is off for this model (%s): the PyTorch path runs", e)

@@ -136,8 +136,9 @@ def _sentencepiece_bpe(tokens: list[str], meta: dict[str, Any]) -> Tokenizer:
 def _gemma_sentencepiece(tokens: list[str]) -> Tokenizer:
     """Gemma's sentencepiece BPE as transformers builds it from a GGUF (spaces as "▁", no prefix space).
 
-    Two quirks of Gemma files: runs of spaces are stored as real spaces (respelled "▁" so merges can reach
-    them), and the merge order is the order of the tokens in the file, not their scores.
+    Two quirks of Gemma files: runs of spaces are stored as real spaces (respelled "▁", as transformers does;
+    this file also marks them user-defined, so they match whole either way), and the merge order is the
+    order of the tokens in the file, not their scores.
     """
     tokens = ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
     vocab = {t: i for i, t in enumerate(tokens)}

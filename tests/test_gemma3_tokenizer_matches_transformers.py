@@ -15,7 +15,7 @@ TEXTS = [
     "12345 67.89 in 2026, 1,000,000", "byte fallback: \x01\x7f\x1b", "emoji 😀👍🏽 and 🇫🇷",
     "中文字符和日本語のテキスト",
     "<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n", "a\u00a0b\u200bc", "Ünïcödé façade",
-    "x" * 40, "def f(x):\n    return x**2  # square\n", "<bos>text<eos>",
+    "x" * 40, "x        y", "def f(x):\n    return x**2  # square\n", "<bos>text<eos>",
 ]
 
 
