@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -80,6 +81,12 @@ def _size_arguments(args: Iterable[Any]) -> None:
             raise jinja2.exceptions.SecurityError(f"an argument of {a} is too large for a chat template")
 
 
+def _size_in_format(fmt: Any) -> None:
+    """Refuse a format string with a width of 8 digits or more (`'%999999999s' % x`, `'{:>999999999}'.format`)."""
+    if isinstance(fmt, str) and re.search(r"[%:][^a-zA-Z%}]*\d{8,}", fmt):
+        raise jinja2.exceptions.SecurityError("a format width too large for a chat template")
+
+
 def _joined(*parts: Any) -> str:
     """`a ~ b`: the sizes are checked before the join."""
     texts = [str(p) for p in parts]
@@ -93,6 +100,8 @@ def _bounded_filter(f: Any) -> Any:
     def checked(*args: Any, **kwargs: Any) -> Any:
         _budget.check()
         _size_arguments([*args[1:], *kwargs.values()])
+        if f.__name__ == "do_format":
+            _size_in_format(args[0] if args else None)
         return _sized(f(*args, **kwargs))
 
     return checked
@@ -107,7 +116,7 @@ def _bounded(iterable: Iterable[Any]) -> Iterator[Any]:
 class BoundedSandbox(ImmutableSandboxedEnvironment):
     """The immutable sandbox, with every loop step, call and attribute read checking the render's budget."""
 
-    intercepted_binops = frozenset({"*", "**", "+"})
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
 
     def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
         tree = super()._parse(source, name, filename)
@@ -122,6 +131,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (jinja's signature)
         _budget.check()
         _size_arguments([*args, *kwargs.values()])
+        if getattr(__obj, "__name__", "") in ("format", "format_map"):
+            _size_in_format(getattr(__obj, "__self__", None))
         return _sized(super().call(__context, __obj, *args, **kwargs))
 
     def getattr(self, obj: Any, attribute: str) -> Any:
@@ -141,6 +152,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             count, seq = (right, left) if isinstance(right, int) else (left, right)
             if count * len(seq) > MAX_OUTPUT:
                 raise jinja2.exceptions.SecurityError("a repetition larger than a chat template can output")
+        if operator == "%":
+            _size_in_format(left)
         if operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)) \
                 and len(left) + len(right) > MAX_OUTPUT:
             raise jinja2.exceptions.SecurityError("a concatenation larger than a chat template can output")

@@ -39,6 +39,9 @@ def doubling(step: str, start: str = "'ab'") -> str:
     "{{ 'a'.zfill(4000000) }}",
     "{{ 'a'|center(4000000) }}",
     "{{ 'a'|indent(4000000, true) }}",
+    "{{ '%40000000s' % 'a' }}",
+    "{{ '%-040000000d'|format(1) }}",
+    "{{ '{:>40000000}'.format('a') }}",
 ])
 def test_growth_is_stopped_by_the_memory_budget(template):
     with pytest.raises(ValueError, match=r"from test: the chat template rejected these messages \(SecurityError"):
@@ -47,5 +50,5 @@ def test_growth_is_stopped_by_the_memory_budget(template):
 
 def test_ordinary_templates_still_render():
     source = ("{% for m in messages %}{{ '<|' ~ m['role'] ~ '|>' + m['content'].strip()|trim ~ '\n' }}{% endfor %}"
-              "{{ messages|tojson }}{{ 'x'|center(5) }}")
-    assert chat_template.render(source, MESSAGES) == '<|user|>hi\n[{"role": "user", "content": "hi"}]  x  '
+              "{{ messages|tojson }}{{ 'x'|center(5) }}{{ '%3d|%s' % (7, 'a') }}{{ '{:>3}'.format('b') }}")
+    assert chat_template.render(source, MESSAGES) == '<|user|>hi\n[{"role": "user", "content": "hi"}]  x    7|a  b'
