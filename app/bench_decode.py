@@ -14,6 +14,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -173,18 +174,24 @@ def memory_at(args: argparse.Namespace, quant: str, kv: str, tokens: int) -> dic
 
 def llama_cpp_figures(script: str, threads: int) -> list[dict] | dict:
     """The peer script's JSON lines (engine, type, what, tokens, depth, tok_s), run with the same thread count."""
-    try:
-        r = subprocess.run([script, "bench"], capture_output=True, text=True, timeout=1800,
-                           env={**os.environ, "THREADS": str(threads)})
-    except (OSError, subprocess.TimeoutExpired) as e:
+    try:  # its own process group: a timeout ends the llama-bench it started too, not only the script
+        proc = subprocess.Popen([script, "bench"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "THREADS": str(threads)}, start_new_session=True)
+    except OSError as e:
         return {"error": f"{script}: {e}"}
+    try:
+        out, err = proc.communicate(timeout=1800)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return {"error": f"{script} bench took over 1800 s (a busy machine?)"}
     rows = []
-    for line in r.stdout.splitlines():
+    for line in out.splitlines():
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
             continue
-    return rows or {"error": f"{script} bench printed no figures (rc={r.returncode}): {r.stderr.strip()[-300:]}"}
+    return rows or {"error": f"{script} bench printed no figures (rc={proc.returncode}): {err.strip()[-300:]}"}
 
 
 def peer_ratios(engine: dict, peers: list[dict]) -> list[dict]:
