@@ -7,6 +7,9 @@ The models are loaded by `Engine.load` (on the CPU, in fp32), as the app loads t
 each INT4 linear is dequantized once to the fp32 matrix the reference kernel would multiply by and the
 output head is floating point, so the figures measure the quantization alone (and the run takes minutes,
 not an hour of per-call dequantization); `--kernels auto` scores the models exactly as the engine runs them.
+`--text` scores another text instead (e.g. `/usr/share/common-licenses/GPL-3`, one the project never tuned
+on). The INT4 model's bits per weight and its greedy agreement with the fp model on the benches' prompts
+(tokens until the first difference) are reported with its perplexity.
 """
 
 from __future__ import annotations
@@ -168,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
     awq_engine = Engine.load(str(awq_files.path), quant="none", device="cpu")  # the folder as the engine runs it
     awq, awq_step = awq_engine.model, awq_engine.native
     load_s = time.monotonic() - t0
+    bits = bits_per_weight(awq)  # of the folder's INT4 tensors, before `dequantized` replaces them
     head = "int8 (the engine's fast head)"
     if reference:  # the modules, not the native step (it holds its own packed copy of the INT4 weights)
         awq_step = None
@@ -178,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     results["awq_int4"] = {"ppl": perplexity(awq, chunks, step=awq_step), "seconds": time.monotonic() - t0,
                            "group_size": manifest["settings"]["group_size_used"], "head": head,
                            "method": manifest["settings"].get("method", "awq"),
-                           "bits_per_weight": bits_per_weight(awq), "quantize_s": manifest["timing"]["quantize_s"],
+                           "bits_per_weight": bits, "quantize_s": manifest["timing"]["quantize_s"],
                            "cache_load_s": load_s, "calibration": manifest["calibration"],
                            "folder": str(awq_files.path)}
     results["rtn_int4"]["bits_per_weight"] = bits_per_weight_rtn(group)
@@ -244,6 +248,7 @@ def greedy_agreement(fp, int4, new_tokens: int) -> dict:
     same = {}
     for name, text in prompts.items():
         ids = fp.tokenizer.encode_chat([{"role": "user", "content": text}])
+        ids = ids[-(min(fp.context_window, int4.context_window) - new_tokens - 1):]
         a, b = greedy(fp, ids, new_tokens), greedy(int4, ids, new_tokens)
         same[name] = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), new_tokens)
     return {"tokens": new_tokens, "prompts": same, "median": statistics.median(same.values()),

@@ -26,8 +26,14 @@ def run_bench(tmp_path, capsys, monkeypatch, *flags: str) -> dict:
 def test_json_has_every_model(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("PARLEY_KERNELS", raising=False)
     out = run_bench(tmp_path, capsys, monkeypatch, "--chunk", "64", "--group-size", "64", "--calib", "builtin",
-                    "--samples", "4", "--seq-len", "32")
+                    "--samples", "4", "--seq-len", "32", "--agreement-tokens", "4")
     assert set(out["results"]) == {"fp32", "rtn_int4", "awq_int4"}
+    awq = out["results"]["awq_int4"]
+    # g64: 4 bits + an fp16 scale and a 4-bit zero per 64 weights
+    assert awq["bits_per_weight"] == out["results"]["rtn_int4"]["bits_per_weight"] == 4 + 20 / 64
+    assert awq["method"] == "rotate+awq+gptq"
+    agreement = awq["greedy_agreement"]
+    assert len(agreement["prompts"]) == 4 and 0 <= agreement["worst"] <= agreement["median"] <= 4
     for r in out["results"].values():
         assert r["ppl"] > 1
     assert out["results"]["awq_int4"]["head"] == "fp"  # --kernels reference: the quantization alone

@@ -1,0 +1,27 @@
+"""A folder quantized by one method is never loaded as another's: the method (rotation, GPTQ, act-order) is
+part of the cache key, so changing what the first run ships rebuilds instead of trusting an old folder."""
+
+import torch
+from awq_tiny import outlier_model, write_hf_dir
+
+from parley.models.quantize import cache
+from parley.models.quantize.awq import AWQSettings
+from parley.models.resolve import resolve
+
+
+def test_each_method_gets_its_own_folder(tmp_path, monkeypatch):
+    source = resolve(str(write_hf_dir(outlier_model(), tmp_path / "tiny")))
+    built = []
+    monkeypatch.setattr(cache, "build", lambda files, key, folder, *a: built.append((key, folder)))
+    methods = {"awq": AWQSettings(), "rotate+awq+gptq": AWQSettings(rotate=True, gptq=True),
+               "rotate+awq+gptq-act-order": AWQSettings(rotate=True, gptq=True, act_order=True)}
+    for settings in methods.values():
+        monkeypatch.setattr(cache, "first_run_settings", lambda group_size, device, s=settings: s)
+        cache.ensure_quantized(source, group_size=32, calib="builtin", n_samples=2, seq_len=16, device="cpu")
+    assert [key["settings"]["method"] for key, _ in built] == list(methods)
+    assert len({folder for _, folder in built}) == len(methods)
+
+
+def test_the_first_run_method_is_in_the_key():
+    s = cache.first_run_settings(64, torch.device("cpu"))
+    assert cache.method_name(s) == "rotate+awq+gptq" and s.rotate and s.gptq and not s.act_order
