@@ -97,7 +97,7 @@ class ParleyApp(App[int]):
 
         driver = super().get_driver_class()
         if driver is WebDriver:
-            from parley.app.web import TabDriver
+            from parley.app.server.web import TabDriver
 
             return TabDriver
         return driver

@@ -15,12 +15,12 @@ from pathlib import Path
 
 # Subcommands implemented in their own modules (`add_arguments(parser)`, `run(args) -> int`).
 BENCHES = {
-    "decode": "bench_decode",
-    "faults": "bench_faults",
-    "kernels": "bench_kernels",
-    "passes": "bench_passes",
-    "quality": "bench_quality",
-    "speculative": "bench_speculative",
+    "decode": "bench.decode",
+    "faults": "bench.faults",
+    "kernels": "bench.kernels",
+    "passes": "bench.passes",
+    "quality": "bench.quality",
+    "speculative": "bench.speculative",
 }
 
 
@@ -145,7 +145,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.raw:  # continue the text as written, as /v1/completions does (llama-cli -no-cnv)
         if args.system or getattr(args, "server", None):
             raise ValueError("--raw continues text with the local engine: it takes no --system or --server")
-        from .serve import raw_session
+        from .server.api import raw_session
 
         session = raw_session(engine)
     else:
@@ -224,7 +224,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     them when `argv` is None), so `parley --help` stays free of torch."""
     parser = argparse.ArgumentParser(prog="parley", description=__doc__)
     sub = parser.add_subparsers(dest="command")
-    commands = {"chat": "tui", "quantize": "cli_quantize", "web": "web", "serve": "serve"}
+    commands = {"chat": "tui", "quantize": "cli_quantize", "web": "server.web", "serve": "server.api"}
     wanted = None if argv is None else commands.get(argv[0] if argv else "")
     if argv is not None and len(argv) > 1 and argv[0] == "bench":
         wanted = BENCHES.get(argv[1])
@@ -244,12 +244,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     add_sampling_arguments(gen)
     add_remote_arguments(gen)  # remote (issue 11)
 
-    add_module_command(sub, "web", "web", "serve the chat app in a browser (127.0.0.1)",
-                       load=argv is None or wanted == "web")
+    add_module_command(sub, "web", "server.web", "serve the chat app in a browser (127.0.0.1)",
+                       load=argv is None or wanted == "server.web")
     add_module_command(sub, "quantize", "cli_quantize", "AWQ-quantize a model into the Parley cache",
                        load=argv is None or wanted == "cli_quantize")
-    add_module_command(sub, "serve", "serve", "serve the local engine as an OpenAI-compatible HTTP API",
-                       load=argv is None or wanted == "serve")
+    add_module_command(sub, "serve", "server.api", "serve the local engine as an OpenAI-compatible HTTP API",
+                       load=argv is None or wanted == "server.api")
     bench = sub.add_parser("bench", help="print speed / quality / reliability figures")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     for name, module in BENCHES.items():

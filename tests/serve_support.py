@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
 
-from parley.app.serve import ParleyServer, make_server
+from parley.app.server.api import ParleyServer, make_server
 
 
 @cache

@@ -4,7 +4,7 @@ reuses a token it should not (one more than the common prefix)."""
 
 from real_engines import fresh
 
-from parley.app.bench_faults import cancel_check
+from parley.app.bench.faults import cancel_check
 from parley.engine import cached_model
 
 SEED = 1

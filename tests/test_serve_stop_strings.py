@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from parley.app.serve import StopMatcher
+from parley.app.server.api import StopMatcher
 
 
 def cut(stops: list[str], pieces: list[str]) -> tuple[str, bool]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from parley.app import cli
-from parley.app.serve import RequestError, parse_request
+from parley.app.server.api import RequestError, parse_request
 from parley.app.widgets.params_panel import SLIDERS
 from parley.engine.params import TEMPERATURE_MAX
 

@@ -92,7 +92,8 @@ def test_ask_see_the_streamed_answer_and_move_a_slider_in_chromium(tmp_path):
     env = {**os.environ, "PARLEY_WEB_TEST_DIR": str(tmp_path),
            "PYTHONPATH": os.pathsep.join([str(TESTS.parent.parent), os.environ.get("PYTHONPATH", "")])}
     command = f"{sys.executable} {TESTS / 'web_fake_app.py'}"
-    server = subprocess.Popen([sys.executable, "-c", f"from parley.app.web import serve; serve({command!r}, {port})"],
+    code = f"from parley.app.server.web import serve; serve({command!r}, {port})"
+    server = subprocess.Popen([sys.executable, "-c", code],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
 

@@ -62,7 +62,8 @@ def test_closing_a_tab_killing_the_browser_or_parley_web_leaves_no_process(tmp_p
     env = {**os.environ, "PARLEY_WEB_TEST_DIR": str(tmp_path), "PARLEY_WEB_TEST_BUSY": "1",
            "PYTHONPATH": os.pathsep.join([str(TESTS.parent.parent), os.environ.get("PYTHONPATH", "")])}
     command = f"{sys.executable} {TESTS / 'web_fake_app.py'}"
-    server = subprocess.Popen([sys.executable, "-c", f"from parley.app.web import serve; serve({command!r}, {port})"],
+    code = f"from parley.app.server.web import serve; serve({command!r}, {port})"
+    server = subprocess.Popen([sys.executable, "-c", code],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/"
     browsers: list[subprocess.Popen[bytes]] = []

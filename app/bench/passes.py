@@ -16,8 +16,8 @@ import ctypes
 import json
 import time
 
-from .bench_decode import PROMPT, _median
-from .bench_random import RANDOM_SHAPES
+from .decode import PROMPT, _median
+from .random_weights import RANDOM_SHAPES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -55,7 +55,7 @@ def product_gmacs(engine, rows: list[int], repeats: int) -> dict:
     """One thread's GMAC/s over one layer's INT4 products at each row count, and the VNNI peak."""
     import torch
 
-    from ..kernels import native
+    from ...kernels import native
 
     step = engine.native
     if step is None:
@@ -133,15 +133,15 @@ def breakdown(engine, ctx: list[int], T: int, repeats: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..engine.engine import Engine
-    from ..engine.threads import configure_threads
+    from ...engine.engine import Engine
+    from ...engine.threads import configure_threads
 
     threads = configure_threads(args.threads)
     passes = sorted({int(t) for t in args.passes.split(",") if t.strip()} | {1})
     depths = [int(d) for d in args.depths.split(",") if d.strip()]
     rows = [int(m) for m in args.rows.split(",") if m.strip()]
     if args.random:
-        from .bench_random import random_engine
+        from .random_weights import random_engine
 
         engine = random_engine(args.random, args.quant, "cpu", kv_cache=args.kv_cache)
     else:

@@ -14,13 +14,13 @@ def random_engine(shape: str, quant: str, device: str | None, kv_cache: str = "a
     round-to-nearest INT4 of the random weights: the same layout, kernels and bytes as a real AWQ model."""
     import torch
 
-    from ..engine.engine import Engine, default_device
-    from ..models.config import ModelConfig
-    from ..models.device_prep import prepare_for_device
-    from ..models.quantize.int4_linear import Int4Linear, decoder_linears
-    from ..models.resolve import resolve
-    from ..models.tokenizer import load_tokenizer
-    from ..models.transformer import Transformer
+    from ...engine.engine import Engine, default_device
+    from ...models.config import ModelConfig
+    from ...models.device_prep import prepare_for_device
+    from ...models.quantize.int4_linear import Int4Linear, decoder_linears
+    from ...models.resolve import resolve
+    from ...models.tokenizer import load_tokenizer
+    from ...models.transformer import Transformer
 
     dev = torch.device(device) if device else default_device()
     tokenizer = load_tokenizer(resolve(None))

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from .bench_harness import add_json_argument, emit, table
+from .harness import add_json_argument, emit, table
 
 HELDOUT_DIR = Path(__file__).resolve().parents[1] / "assets" / "heldout"
 
@@ -80,8 +80,8 @@ def dequantized(model):
     import torch
     from torch import nn
 
-    from ..kernels.reference import dequantize
-    from ..models.quantize.int4_linear import Int4Linear, decoder_linears
+    from ...kernels.reference import dequantize
+    from ...models.quantize.int4_linear import Int4Linear, decoder_linears
 
     for parent, name, lin in decoder_linears(model):
         if isinstance(lin, Int4Linear):
@@ -100,8 +100,8 @@ def fp_head(model, folder: Path) -> None:
     import torch
     from torch import nn
 
-    from ..models.loading import safetensors_weights
-    from ..models.quantize.head import FastHead
+    from ...models.loading import safetensors_weights
+    from ...models.quantize.head import FastHead
 
     if not isinstance(model.lm_head, FastHead):
         return
@@ -119,13 +119,13 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ..engine.engine import Engine
-    from ..models.quantize.awq import rtn_quantize
-    from ..models.quantize.cache import ensure_quantized
-    from ..models.quantize.int4_linear import bits_per_weight
-    from ..models.resolve import resolve
-    from .cli import print_progress
-    from .cli_quantize import _calib
+    from ...engine.engine import Engine
+    from ...models.quantize.awq import rtn_quantize
+    from ...models.quantize.cache import ensure_quantized
+    from ...models.quantize.int4_linear import bits_per_weight
+    from ...models.resolve import resolve
+    from ..cli import print_progress
+    from ..cli_quantize import _calib
 
     logging.basicConfig(level=logging.WARNING, format="parley: %(message)s", stream=sys.stderr)
     say = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
@@ -240,8 +240,8 @@ def greedy_agreement(fp, int4, new_tokens: int) -> dict:
     """Tokens until the INT4 model's first greedy difference from the fp model, on the benches' chat prompts."""
     import statistics
 
-    from .bench_decode import PROMPT
-    from .bench_speculative import CHAT_PROMPT, SUMMARY_PROMPT, document
+    from .decode import PROMPT
+    from .speculative import CHAT_PROMPT, SUMMARY_PROMPT, document
 
     prompts = {"decode": PROMPT, "chat": CHAT_PROMPT, "sky": "Why is the sky blue?",
                "summary": SUMMARY_PROMPT + document()[:3000]}
@@ -257,7 +257,7 @@ def greedy_agreement(fp, int4, new_tokens: int) -> dict:
 
 def greedy_summary(engine, kind: str, new_tokens: int) -> list[int]:
     """Greedy tokens of a summary of the long test document, the KV cache stored as `kind`."""
-    from .bench_speculative import SUMMARY_PROMPT, document
+    from .speculative import SUMMARY_PROMPT, document
 
     engine.set_kv_cache(kind)
     ids = engine.tokenizer.encode_chat([{"role": "user", "content": SUMMARY_PROMPT + document()}])

@@ -19,8 +19,8 @@ import subprocess
 import sys
 import time
 
-from .bench_harness import peak_memory, reset_peak_rss, rss_since_reset
-from .bench_random import RANDOM_SHAPES
+from .harness import peak_memory, reset_peak_rss, rss_since_reset
+from .random_weights import RANDOM_SHAPES
 
 PROMPT = ("Write a detailed, friendly explanation of how rainbows form, covering refraction, reflection "
           "and dispersion of sunlight in water droplets, and why the colours always appear in the same order.")
@@ -145,10 +145,10 @@ def prefill_rate(engine, prompt_ids: list[int], tokens: int, repeats: int) -> fl
 
 def load_engine(args: argparse.Namespace, quant: str, kv: str, path: str):
     if args.random:
-        from .bench_random import random_engine
+        from .random_weights import random_engine
 
         return random_engine(args.random, quant, args.device, kv_cache=kv, native=path != "torch")
-    from .engine_from_args import engine_from_args
+    from ..engine_from_args import engine_from_args
 
     return engine_from_args(args, quant=quant, kv_cache=kv, native=path != "torch", draft=None, compile=None)
 
@@ -210,7 +210,7 @@ def peer_ratios(engine: dict, peers: list[dict]) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..engine.threads import configure_threads
+    from ...engine.threads import configure_threads
 
     threads = configure_threads(args.threads)
     depths = [int(d) for d in args.depths.split(",") if d.strip()]

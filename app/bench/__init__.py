@@ -1,0 +1,1 @@
+"""`parley bench …`: commands that print figures (speed, memory, quality, reliability), never tests."""
