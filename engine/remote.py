@@ -251,7 +251,7 @@ class RemoteSession:
                     yield Done("error", f"{eng.url}{path} answered a web page ({kind}), not an event stream: "
                                         "is --server an OpenAI-compatible endpoint (it usually ends in /v1)?")
                     return
-                segment = _Segment()
+                segment, after_budget = _Segment(), 0
                 for data in iter_sse(sse_lines(resp.iter_bytes())):
                     if cancel.is_set():
                         break  # leaving `with` closes the connection: the server stops generating
@@ -269,13 +269,18 @@ class RemoteSession:
                         yield Done("error", f"{eng.server.name} sent a malformed stream event ({e}): {data[:80]!r}")
                         return
                     finish = reason or finish
+                    if figures.new_tokens >= params.max_new_tokens:
+                        # A server that ignores max_tokens is cut off here: nothing past the budget is shown, and
+                        # only a few more events are read, for the finish reason and usage that normally follow.
+                        after_budget += 1
+                        if after_budget > EVENTS_AFTER_BUDGET:
+                            finish = finish or "length"
+                            break
+                        continue
                     if piece:
                         text += piece
                         figures.token(segment)
                         yield TextDelta(piece)
-                    if finish is None and figures.new_tokens >= params.max_new_tokens:
-                        finish = "length"  # a server that ignores max_tokens is cut off here
-                        break
                     if figures.due():
                         yield figures.stats()
                     changed = _changed(params, live.snapshot(), eng.server.extra)
@@ -320,6 +325,9 @@ class RemoteSession:
         return "/completions", {**body, "prompt": prompt}
 
 
+EVENTS_AFTER_BUDGET = 8  # events read once max_new_tokens are shown (a finish chunk, a usage chunk, [DONE])
+
+
 class _Segment:
     """One HTTP request's share of a reply: its text chunks, usage and server timings."""
 
@@ -362,6 +370,7 @@ class _Figures(ReplyStats):
         self.t0 = self.t_reported = t0
         self.done_tokens = 0  # of closed segments
         self.passes = 0.0  # estimated from the server's tokens per target pass, when it reports one
+        self.kv_cache = self.step = ""  # what a Parley server says its reply ran on
 
     def token(self, segment: _Segment) -> None:
         if self.t_first is None:
@@ -384,6 +393,7 @@ class _Figures(ReplyStats):
             self.accepted += _count(spec.get("accepted"))
             self.proposed += _count(spec.get("proposed"))
             self.drafter = str(spec.get("drafter", ""))[:80]
+            self.kv_cache, self.step = str(spec.get("kv_cache", ""))[:16], str(spec.get("step", ""))[:16]
             rate = spec.get("tokens_per_target_pass")
             rate = float(rate) if isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0 else 0
             self.passes += segment.tokens / rate if rate else 0
@@ -398,7 +408,7 @@ class _Figures(ReplyStats):
         s = super().stats()
         n = self.new_tokens
         return replace(s, tokens_per_target_pass=s.tokens_per_target_pass or (1.0 if n else 0.0),
-                       context_tokens=s.context_tokens or n)
+                       context_tokens=s.context_tokens or n, kv_cache=self.kv_cache, step=self.step)
 
 
 def sse_lines(chunks: Iterable[bytes], max_line: int = MAX_LINE) -> Iterator[str]:
