@@ -99,12 +99,26 @@ def params_from_args(args: argparse.Namespace, base=None):
 
 
 def print_progress(p) -> None:
-    """First-run progress on stderr for headless commands."""
+    """First-run progress on stderr for headless commands: one line rewritten in place."""
+    global _progress_open
     if p.stage == "download" and p.total:
         msg = f"downloading {p.detail} {p.done / 1e6:.1f}/{p.total / 1e6:.1f} MB"
     else:
         msg = f"{p.stage}: {p.detail or f'{p.done:g}/{p.total:g} {p.unit}'}"
-    print(f"\r{msg[:100]:<100}", end="\n" if p.total and p.done >= p.total else "", file=sys.stderr, flush=True)
+    done = bool(p.total and p.done >= p.total)
+    print(f"\r{msg[:100]:<100}", end="\n" if done else "", file=sys.stderr, flush=True)
+    _progress_open = not done
+
+
+_progress_open = False  # a progress line was printed without its newline
+
+
+def end_progress() -> None:
+    """End an open progress line, so that what follows (the answer, a notice, --stats) starts on its own line."""
+    global _progress_open
+    if _progress_open:
+        print(file=sys.stderr, flush=True)
+        _progress_open = False
 
 
 def read_prompt(args: argparse.Namespace, stdin=None) -> str:
@@ -140,7 +154,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     params = params_from_args(args)
     prompt = read_prompt(args)
-    engine = engine_from_args(args)
+    engine = engine_from_args(args, progress=print_progress)  # this module's (under -m, cli is __main__)
     messages = [{"role": "user", "content": prompt}]
     if args.raw:  # continue the text as written, as /v1/completions does (llama-cli -no-cnv)
         if args.system or getattr(args, "server", None):
@@ -152,6 +166,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         session = engine.session(system_prompt=args.system)
 
     def show(ev, _reply) -> None:
+        end_progress()
         if isinstance(ev, TextDelta):
             sys.stdout.write(ev.text)
             sys.stdout.flush()
