@@ -33,6 +33,6 @@ def test_temperature_change_switches_from_greedy_to_sampling():
         if isinstance(ev, TextDelta):
             got.append(ev.text)
             if len(got) == 3:
-                live.temperature, live.top_p = 5.0, 1.0
+                live.temperature, live.top_p = 2.0, 1.0  # the top of the range (TEMPERATURE_MAX)
     assert "".join(got[:3]) == "".join(want)[: len("".join(got[:3]))]
     assert "".join(got) != "".join(want)

@@ -295,7 +295,7 @@ def cancel_check(engine, points: int, seed: int, say: Callable[[str], None]) -> 
 
     first_params = GenerationParams(temperature=0.8, max_new_tokens=16, speculation="auto")
     next_params = GenerationParams(temperature=0, max_new_tokens=8, speculation="off")
-    texts = [p.read_text() for p in sorted((Path(__file__).resolve().parents[1] / "assets" / "heldout").glob("*.txt"))]
+    texts = [p.read_text() for p in sorted((Path(__file__).resolve().parents[2] / "assets" / "heldout").glob("*.txt"))]
 
     def fresh() -> Engine:
         return engine.fresh()

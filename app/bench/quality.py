@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .harness import add_json_argument, emit, table
 
-HELDOUT_DIR = Path(__file__).resolve().parents[1] / "assets" / "heldout"
+HELDOUT_DIR = Path(__file__).resolve().parents[2] / "assets" / "heldout"  # the package root: parley/
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
