@@ -25,7 +25,8 @@ from parley.app.engine_lifecycle import EngineLifecycle, EngineLoader, EngineUpg
 from parley.app.reply_controller import ReplyController
 from parley.app.screens.chat import ChatScreen
 from parley.app.screens.help import HelpScreen
-from parley.app.screens.history import Deleted, Renamed
+from parley.app.screens.history import Deleted, ExportAsked, Renamed
+from parley.app.screens.loading import LoadingScreen
 from parley.app.settings import Settings
 from parley.app.store import Conversation, Store
 from parley.app.widgets.attachment import Attachment
@@ -178,3 +179,9 @@ class ParleyApp(App[int]):
 
     async def on_deleted(self, event: Deleted) -> None:
         await self.conversations.deleted(event.conversation_id)
+
+    def on_export_asked(self, event: ExportAsked) -> None:
+        self.conversations.export(event.conversation_id)
+
+    def on_loading_screen_retry(self, event: LoadingScreen.Retry) -> None:
+        self.engines.load()

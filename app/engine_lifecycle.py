@@ -88,6 +88,11 @@ class EngineLifecycle:
         self.screen, self.status, self.panel = screen, status, panel
         return self.load()
 
+    def close(self) -> None:
+        """The screen is going: loads and switches still running are dropped when they end."""
+        self._attempt += 1
+        self._model += 1
+
     def load(self) -> threading.Thread:
         """Load on a background thread; a new load (a retry) replaces one still running."""
         self._attempt += 1

@@ -89,6 +89,7 @@ class ChatScreen(Screen[None]):
 
     def on_unmount(self) -> None:
         self.replies.cancel_now()
+        self.engines.close()
 
     @property
     def prompt(self) -> PromptInput:
