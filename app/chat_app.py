@@ -59,7 +59,7 @@ class ParleyApp(App[int]):
         self.params = params if params is not None else self.settings.params()
         self.replies = ReplyController(self.store, batch_interval)
         self.engines = EngineLifecycle(load_engine, upgrade_engine, load_model, settings=self.settings,
-                                       model_ref=model_ref, busy=lambda: self.generating)
+                                       model_ref=model_ref, busy=lambda: self.replies.busy)
         self.attachments = AttachmentController(self.engines, self.params)
         self.conversations = ConversationController(
             self.store, self.settings, self.params, Path(export_dir) if export_dir is not None else Path.cwd(),
@@ -90,7 +90,7 @@ class ParleyApp(App[int]):
 
     @property
     def generating(self) -> bool:
-        return self.replies.active is not None
+        return self.replies.busy
 
     @property
     def model_ref(self) -> str | None:

@@ -72,9 +72,6 @@ class ConversationController:
         """Textual's services that only the App has: pushing screens, calls from other threads."""
         return self.screen.app
 
-    @property
-    def generating(self) -> bool:
-        return self.replies.active is not None
 
     def _title(self, title: str) -> None:
         self.screen.post_message(Titled(title))
@@ -122,7 +119,7 @@ class ConversationController:
         if engine is None and self.queued:
             self.prompt.notify("One message already waits for the model", severity="warning")
             return
-        if self.generating:
+        if self.replies.busy:
             self.prompt.notify("A reply is streaming: Esc stops it", severity="warning")
             return
         if chip is not None and chip.tokens is None and engine is not None:
@@ -152,7 +149,7 @@ class ConversationController:
                                  self.engine_messages(), self.params, documents)
 
     async def regenerate(self) -> None:
-        if self.generating or self.engines.engine is None:
+        if self.replies.busy or self.engines.engine is None:
             return
         messages = self.chat.messages
         if messages and messages[-1].role == "assistant":
@@ -167,7 +164,7 @@ class ConversationController:
 
     async def edit_last(self) -> None:
         """Remove the last user message (and what follows) and put it back in the composer."""
-        if self.generating:
+        if self.replies.busy:
             self.prompt.notify("Esc stops the reply first", severity="warning")
             return
         messages = self.chat.messages

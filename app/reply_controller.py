@@ -60,6 +60,11 @@ class ReplyController:
         self.status: StatusBar
         self.panel: ParamsPanel
 
+    @property
+    def busy(self) -> bool:
+        """A reply is in flight (set and cleared on the UI thread, so it never disagrees with the screen)."""
+        return self.active is not None
+
     def mount(self, screen: Screen, chat: ChatView, status: StatusBar, panel: ParamsPanel) -> None:
         self.screen, self.chat, self.status, self.panel = screen, chat, status, panel
         self._timer = chat.set_interval(self.batch_interval, self.drain, pause=True)

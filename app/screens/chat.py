@@ -99,7 +99,7 @@ class ChatScreen(Screen[None]):
         if action not in CHAT_ACTIONS:  # Textual's own (focus, copying a selection)
             return super().check_action(action, parameters)
         if action == "stop":
-            return self.replies.active is not None
+            return self.replies.busy
         if self.engines.engine is not None:
             return True
         # Loading: the settings and history while the chat screen shows (help and quitting are the app's).
