@@ -126,7 +126,7 @@ class ChatScreen(Screen[None]):
     @on(ReplyStarted)
     @on(ReplyFinished)
     def _reply_state(self, message: ReplyStarted | ReplyFinished) -> None:
-        self.query_one(StatusBar).generating = isinstance(message, ReplyStarted)
+        self.query_one(StatusBar).generating = self.replies.busy  # the controller's word, whatever the order
         self.refresh_bindings()
         if isinstance(message, ReplyFinished):
             self.engines.switch_pending()
