@@ -1,4 +1,4 @@
-"""The app's actions in Textual's command palette (Ctrl+P), generated from the app's bindings.
+"""A screen's actions in Textual's command palette (Ctrl+P), generated from the screen's bindings.
 
 A binding's `tooltip` is the command's title and its key the help line, so keys, palette and help
 screen never disagree.
@@ -27,21 +27,21 @@ def palette_entries(bindings: Iterable[Binding]) -> list[tuple[str, str, str]]:
 
 
 class ParleyCommands(Provider):
-    """Each command runs the app action of the same name, so keys and palette do the same thing."""
+    """The keys of the screen the palette was opened from, then the app's: each command runs the action on
+    the node whose binding it is, so keys and palette do the same thing."""
 
-    def _callback(self, action: str) -> Callable[[], object]:
-        return partial(self.app.run_action, action)
-
-    def _entries(self) -> list[tuple[str, str, str]]:
-        return palette_entries(Binding.make_bindings(type(self.app).BINDINGS))
+    def _entries(self) -> list[tuple[str, str, Callable[[], object]]]:
+        return [(title, help_text, partial(self.app.run_action, action, node))
+                for node in (self.screen, self.app)
+                for title, help_text, action in palette_entries(Binding.make_bindings(type(node).BINDINGS))]
 
     async def discover(self) -> Hits:
-        for title, help_text, action in self._entries():
-            yield DiscoveryHit(title, self._callback(action), help=help_text)
+        for title, help_text, run in self._entries():
+            yield DiscoveryHit(title, run, help=help_text)
 
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
-        for title, help_text, action in self._entries():
+        for title, help_text, run in self._entries():
             score = matcher.match(title)
             if score > 0:
-                yield Hit(score, matcher.highlight(title), self._callback(action), help=help_text)
+                yield Hit(score, matcher.highlight(title), run, help=help_text)

@@ -11,16 +11,18 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+
+from textual.app import App
+from textual.message import Message
+from textual.screen import Screen
 
 from parley.app.screens.loading import LoadingScreen
 from parley.app.screens.model_picker import RECENT_KEY, ModelPickerScreen, cached_models, remember
-from parley.app.widgets.status_bar import model_words
+from parley.app.settings import Settings
+from parley.app.widgets.params_panel import ParamsPanel
+from parley.app.widgets.status_bar import StatusBar, model_words
 from parley.engine.protocol import EngineLike
 from parley.models.progress import Progress, ProgressFn
-
-if TYPE_CHECKING:
-    from parley.app.chat_app import ParleyApp
 
 EngineLoader = Callable[[ProgressFn | None], EngineLike]
 # Another model, by reference (hub id, folder or .gguf), for a switch without restarting.
@@ -32,7 +34,7 @@ EngineUpgrade = Callable[[ProgressFn | None], EngineLike | None]
 PROGRESS_INTERVAL_S = 0.1
 
 
-def in_background(app: ParleyApp, work: Callable[[], None], name: str) -> threading.Thread:
+def in_background(work: Callable[[], None], name: str) -> threading.Thread:
     """Run `work` on a daemon thread. Not a Textual thread worker: those run on asyncio's default executor,
     which `asyncio.run` joins when the app exits, so quitting would wait for a model load, a quantization or
     a prefill to finish (20 s and more). A daemon thread is dropped at exit; every cache write is atomic."""
@@ -41,42 +43,73 @@ def in_background(app: ParleyApp, work: Callable[[], None], name: str) -> thread
     return thread
 
 
-def to_ui(app: ParleyApp, callback: Callable[..., object], *args: object) -> None:
+def to_ui(app: App, callback: Callable[..., object], *args: object) -> None:
     """`app.call_from_thread`, a no-op once the app has gone (a background thread outlived it)."""
     with contextlib.suppress(RuntimeError):  # raised once the app is not running any more
         app.call_from_thread(callback, *args)
 
 
-class EngineLifecycle:
-    """Owns the loading screen while one shows, and the engine waiting to be switched to; sets `app.engine`."""
+class EngineReady(Message):
+    """The first engine is in (or a retry's): back to the prompt, and measure what waited for it."""
 
-    def __init__(self, app: ParleyApp, load_engine: EngineLoader, upgrade_engine: EngineUpgrade | None,
-                 load_model: ModelLoader | None = None) -> None:
-        self.app = app
+
+class EngineLifecycle:
+    """Owns the engine in use, the loading screen while one shows, and the engine waiting to be switched to.
+
+    It draws on the status bar and the sampling panel it is mounted on, and says what happened by posting
+    `EngineReady` to the screen it is mounted on."""
+
+    def __init__(self, load_engine: EngineLoader, upgrade_engine: EngineUpgrade | None,
+                 load_model: ModelLoader | None, *, settings: Settings, model_ref: str | None,
+                 busy: Callable[[], bool]) -> None:
         self.load_model = load_model
+        self.settings = settings
+        self.model_ref = model_ref
+        self.busy = busy  # a reply is streaming: a new engine waits for its end
         self._load_engine = load_engine
         self._upgrade_engine = upgrade_engine
+        self.engine: EngineLike | None = None
+        self.failed_load: BaseException | None = None  # the last load's error, while no engine is in
         self.loading: LoadingScreen | None = None  # shown only for real work: a download, a quantization
         self.next_engine: EngineLike | None = None  # ready in the background, switched to between replies
         self._attempt = 0  # a retry supersedes a load still running: only the latest attempt's result counts
         self._model = 0  # bumped by a switch of model: an INT4 upgrade of the model before it is dropped
+        self.screen: Screen
+        self.status: StatusBar
+        self.panel: ParamsPanel
+
+    @property
+    def ui(self) -> App:
+        """Textual's services that only the App has: pushing screens, calls from other threads."""
+        return self.screen.app
+
+    def mount(self, screen: Screen, status: StatusBar, panel: ParamsPanel) -> threading.Thread:
+        """Post to `screen` and show on `status` and `panel` from now on, and start the first load."""
+        self.screen, self.status, self.panel = screen, status, panel
+        return self.load()
+
+    def close(self) -> None:
+        """The screen is going: loads and switches still running are dropped when they end."""
+        self._attempt += 1
+        self._model += 1
 
     def load(self) -> threading.Thread:
         """Load on a background thread; a new load (a retry) replaces one still running."""
         self._attempt += 1
         attempt = self._attempt
-        return in_background(self.app, lambda: self._load(attempt), "parley-load")
+        ui = self.ui  # read here: a widget finds its app only on the UI thread
+        return in_background(lambda: self._load(attempt, ui), "parley-load")
 
-    def _load(self, attempt: int) -> None:
-        app = self.app
+    def _load(self, attempt: int, ui: App) -> None:
         try:
-            engine = self._load_engine(self._throttled(self._show_progress))
+            engine = self._load_engine(self._throttled(self._show_progress, ui))
         except Exception as error:  # shown to the user with what to do
-            to_ui(app, self._load_failed, attempt, error)
+            to_ui(ui, self._load_failed, attempt, error)
         else:
-            to_ui(app, self._engine_ready, attempt, engine)
+            to_ui(ui, self._engine_ready, attempt, engine)
 
-    def _throttled(self, show: Callable[[Progress], None]) -> ProgressFn:
+    @staticmethod
+    def _throttled(show: Callable[[Progress], None], ui: App) -> ProgressFn:
         """Progress from a worker thread, at most ~10 a second but never dropping a new stage or an end."""
         last, last_stage = 0.0, ""
 
@@ -86,143 +119,137 @@ class EngineLifecycle:
             finished = bool(p.total) and p.done >= p.total
             if now - last >= PROGRESS_INTERVAL_S or finished or p.stage != last_stage:
                 last, last_stage = now, p.stage
-                to_ui(self.app, show, p)
+                to_ui(ui, show, p)
 
         return progress
 
     def _show_progress(self, p: Progress) -> None:
-        app = self.app
         # The progress screen appears only for real work (a download, a quantization), not a plain load.
-        if self.loading is None and p.stage in ("download", "quantize") and app.engine is None:
-            self.loading = LoadingScreen(app.model_ref)
-            app.push_screen(self.loading)
-            app.refresh_bindings()
+        if self.loading is None and p.stage in ("download", "quantize") and self.engine is None:
+            self.loading = LoadingScreen(self.model_ref)
+            self.ui.push_screen(self.loading)
+            self.screen.refresh_bindings()
         if self.loading is not None:
             self.loading.show_progress(p)
         elif p.detail:
-            app.status.model = f"loading: {p.detail}"
+            self.status.model = f"loading: {p.detail}"
 
     def _load_failed(self, attempt: int, error: BaseException) -> None:
         if attempt != self._attempt:
             return
-        self.app.failed_load = error  # the exit status says the model did not load
+        self.failed_load = error  # the exit status says the model did not load
         if self.loading is None:
-            self.loading = LoadingScreen(self.app.model_ref)
-            self.app.push_screen(self.loading)
+            self.loading = LoadingScreen(self.model_ref)
+            self.ui.push_screen(self.loading)
         self.loading.show_error(error)
 
     def _engine_ready(self, attempt: int, engine: EngineLike) -> None:
         if attempt != self._attempt:
             return
-        app = self.app
-        app.failed_load = None
+        self.failed_load = None
         self._use_engine(engine)
-        if self.loading is not None and app.screen is self.loading:
-            app.pop_screen()
+        if self.loading is not None and self.loading.is_current:
+            self.ui.pop_screen()
         self.loading = None
-        app.engine_loaded()
+        self.screen.post_message(EngineReady())
         if self._upgrade_engine is not None:
             self._upgrade()
 
     def _use_engine(self, engine: EngineLike) -> None:
-        app = self.app
-        app.engine = engine
-        app.drop_session()  # the next reply re-reads the conversation with this engine
-        app.refresh_bindings()
-        app.status.model = engine.model_name
-        app.status.quantization = engine.quantization
-        app.status.context_window = engine.context_window
-        app.panel.set_capabilities(engine.capabilities)
+        self.engine = engine  # a session knows the engine it was made with: the next reply makes a new one
+        self.screen.refresh_bindings()
+        self.status.model = engine.model_name
+        self.status.quantization = engine.quantization
+        self.status.context_window = engine.context_window
+        self.panel.set_capabilities(engine.capabilities)
         # A local engine says whether it has a draft model; a remote one (no such attribute) decides itself.
-        app.panel.set_draft_model(getattr(engine, "draft", None) is not None if hasattr(engine, "draft") else None)
+        self.panel.set_draft_model(getattr(engine, "draft", None) is not None if hasattr(engine, "draft") else None)
 
     def _upgrade(self) -> None:
         """Make the better engine in the background; switch to it between replies."""
-        in_background(self.app, self._make_upgrade, "parley-upgrade")
+        ui = self.ui
+        in_background(lambda: self._make_upgrade(ui), "parley-upgrade")
 
-    def _make_upgrade(self) -> None:
+    def _make_upgrade(self, ui: App) -> None:
         assert self._upgrade_engine is not None
         model = self._model
         try:
-            engine = self._upgrade_engine(self._throttled(self._show_upgrade_progress))
+            engine = self._upgrade_engine(self._throttled(self._show_upgrade_progress, ui))
         except Exception as error:
-            to_ui(self.app, self._upgrade_failed, error)
+            to_ui(ui, self._upgrade_failed, error)
             return
         if engine is not None and model == self._model:
-            to_ui(self.app, self._upgrade_ready, engine)
+            to_ui(ui, self._upgrade_ready, engine)
 
     def _show_upgrade_progress(self, p: Progress) -> None:
         if self._model:  # another model was switched to: this upgrade no longer matters
             return
         if p.stage == "quantize" and p.total:
-            self.app.status.background = f"making INT4: layer {int(p.done)} of {int(p.total)}"
+            self.status.background = f"making INT4: layer {int(p.done)} of {int(p.total)}"
         else:
-            self.app.status.background = f"making INT4: {p.detail or p.stage}"
+            self.status.background = f"making INT4: {p.detail or p.stage}"
 
     def _upgrade_failed(self, error: BaseException) -> None:
-        self.app.status.background = ""
-        self.app.notify(f"INT4 quantization failed, staying on the unquantized model: {type(error).__name__}: "
-                        f"{error}", severity="warning", timeout=15, markup=False)
+        self.status.background = ""
+        self.status.notify(f"INT4 quantization failed, staying on the unquantized model: {type(error).__name__}: "
+                           f"{error}", severity="warning", timeout=15, markup=False)
 
     def _upgrade_ready(self, engine: EngineLike) -> None:
-        app = self.app
         self.next_engine = engine
-        app.status.background = "INT4 ready: switching after this reply" if app.generating else ""
-        if not app.generating:
+        self.status.background = "INT4 ready: switching after this reply" if self.busy() else ""
+        if not self.busy():
             self.switch_pending()
 
     def pick_model(self) -> None:
         """The model picker; the model picked is loaded in the background and switched to between replies."""
-        app = self.app
         if self.load_model is None:
-            app.notify("Switching models works with the local engine, not with --server", severity="warning")
+            self.status.notify("Switching models works with the local engine, not with --server", severity="warning")
             return
-        recent = app.settings.get(RECENT_KEY, [])
+        recent = self.settings.get(RECENT_KEY, [])
         recent = [r for r in recent if isinstance(r, str)] if isinstance(recent, list) else []
 
         def chosen(ref: str | None) -> None:
             if ref:
                 self.switch_model(ref)
 
-        app.push_screen(ModelPickerScreen(app.status.model, recent, cached_models()), chosen)
+        self.ui.push_screen(ModelPickerScreen(self.status.model, recent, cached_models()), chosen)
 
     def switch_model(self, ref: str) -> None:
         """Load `ref` in the background while the chat goes on; switch to it between replies."""
         assert self.load_model is not None
         self._model += 1
-        model, app = self._model, self.app
-        app.status.background = f"loading {ref}…"
+        model, status, ui = self._model, self.status, self.ui
+        status.background = f"loading {ref}…"
 
         def show(p: Progress) -> None:
             if model == self._model:
                 done = f" {int(p.done)} of {int(p.total)}" if p.total and p.unit == "layer" else ""
-                app.status.background = f"loading {ref}: {p.detail or p.stage}{done}"
+                status.background = f"loading {ref}: {p.detail or p.stage}{done}"
 
         def load() -> None:
             try:
-                engine = self.load_model(ref, self._throttled(show))
+                engine = self.load_model(ref, self._throttled(show, ui))
             except Exception as error:  # the chat stays on the model it has
-                to_ui(app, self._switch_failed, model, ref, error)
+                to_ui(ui, self._switch_failed, model, ref, error)
             else:
-                to_ui(app, self._switch_ready, model, ref, engine)
+                to_ui(ui, self._switch_ready, model, ref, engine)
 
-        in_background(app, load, "parley-switch")
+        in_background(load, "parley-switch")
 
     def _switch_failed(self, model: int, ref: str, error: BaseException) -> None:
         if model == self._model:
-            self.app.status.background = ""
-            self.app.notify(f"Could not load {ref}: {type(error).__name__}: {error}. Staying on "
-                            f"{self.app.status.model}.", severity="error", timeout=15, markup=False)
+            self.status.background = ""
+            self.status.notify(f"Could not load {ref}: {type(error).__name__}: {error}. Staying on "
+                               f"{self.status.model}.", severity="error", timeout=15, markup=False)
 
     def _switch_ready(self, model: int, ref: str, engine: EngineLike) -> None:
         if model != self._model:
             return
-        app = self.app
-        app.model_ref = ref
-        app.settings.set(RECENT_KEY, remember(app.settings.get(RECENT_KEY, []), ref))  # offered next time
+        self.model_ref = ref
+        self.settings.set(RECENT_KEY, remember(self.settings.get(RECENT_KEY, []), ref))  # offered next time
         self.next_engine = engine
-        app.status.background = f"{engine.model_name} ready: switching after this reply" if app.generating else ""
-        if not app.generating:
+        self.status.background = f"{engine.model_name} ready: switching after this reply" if self.busy() else ""
+        if not self.busy():
             self.switch_pending()
 
     def switch_pending(self) -> None:
@@ -230,6 +257,6 @@ class EngineLifecycle:
         engine, self.next_engine = self.next_engine, None
         if engine is None:
             return
-        self.app.status.background = ""
+        self.status.background = ""
         self._use_engine(engine)
-        self.app.notify(f"Switched to {model_words(engine.model_name, engine.quantization)}: the next reply uses it")
+        self.status.notify(f"Switched to {model_words(engine.model_name, engine.quantization)}: the next reply uses it")

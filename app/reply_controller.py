@@ -9,18 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
+
+from textual.message import Message
+from textual.screen import Screen
 
 from parley.app import paste_budget
 from parley.app.engine_lifecycle import in_background
+from parley.app.store import Store
 from parley.app.streaming import ActiveReply
-from parley.app.widgets.message import ChatMessage
+from parley.app.widgets.message import ChatMessage, ChatView
+from parley.app.widgets.params_panel import ParamsPanel
+from parley.app.widgets.status_bar import StatusBar
 from parley.engine.events import Done, Notice
 from parley.engine.params import GenerationParams
-from parley.engine.protocol import SessionLike
-
-if TYPE_CHECKING:
-    from parley.app.chat_app import ParleyApp
+from parley.engine.protocol import EngineLike, SessionLike
 
 # Marks on a reply that did not finish: kept in the chat, the history and exports, never sent to the model
 # (it continues from the text it wrote, so its cached context still matches).
@@ -34,36 +36,56 @@ def without_marks(content: str) -> str:
     return content
 
 
-class ReplyController:
-    """Owns the reply in flight, if any; the app asks it to start, stop or wind down for quitting."""
+class ReplyStarted(Message):
+    """A reply began streaming."""
 
-    def __init__(self, app: ParleyApp, batch_interval: float) -> None:
-        self.app = app
+
+class ReplyFinished(Message):
+    """The reply in flight ended (finished, stopped, failed): an engine waiting for it may come in."""
+
+
+class ReplyController:
+    """Owns the reply in flight, if any: start, stop or wind down for quitting.
+
+    It streams into the conversation view and shows figures on the status bar and the sampling panel it is
+    mounted on; `ReplyStarted` / `ReplyFinished`, posted to the screen, tell it."""
+
+    def __init__(self, store: Store, batch_interval: float) -> None:
+        self.store = store
         self.batch_interval = batch_interval
         self.active: ActiveReply | None = None
         self._timer = None
+        self.screen: Screen
+        self.chat: ChatView
+        self.status: StatusBar
+        self.panel: ParamsPanel
 
-    def mount(self) -> None:
-        self._timer = self.app.set_interval(self.batch_interval, self.drain, pause=True)
+    @property
+    def busy(self) -> bool:
+        """A reply is in flight (set and cleared on the UI thread, so it never disagrees with the screen)."""
+        return self.active is not None
 
-    async def start(self, session: SessionLike, messages: list[dict[str, str]], params: GenerationParams,
+    def mount(self, screen: Screen, chat: ChatView, status: StatusBar, panel: ParamsPanel) -> None:
+        self.screen, self.chat, self.status, self.panel = screen, chat, status, panel
+        self._timer = chat.set_interval(self.batch_interval, self.drain, pause=True)
+
+    async def start(self, engine: EngineLike, session: SessionLike, conversation_id: int,
+                    messages: list[dict[str, str]], params: GenerationParams,
                     documents: dict[int, str] | None = None) -> None:
-        """Start a reply to `messages`; `documents` names the ones that carry a document (kept the longest)."""
-        app = self.app
-        engine = app.engine
-        assert engine is not None
-        app.chat.anchor()
+        """Start a reply to `messages`, saved in `conversation_id`; `documents` names the ones that carry a
+        document (kept the longest)."""
+        self.chat.anchor()
         view = ChatMessage("assistant")
-        await app.chat.mount(view)
+        await self.chat.mount(view)
         view.start_stream()
-        reply = ActiveReply(view)
+        reply = ActiveReply(view, conversation_id)
         self.active = reply
-        app.generating = True
-        app.panel.reply_progress(0)
+        self.screen.post_message(ReplyStarted())
+        self.panel.reply_progress(0)
         self._timer.resume()
         fit = partial(paste_budget.fit_conversation, engine.count_tokens, engine.context_window, messages,
                       documents or {}, session.system_prompt or "", params.max_new_tokens)
-        in_background(app, lambda: self._run(session, fit, params, reply), "parley-reply")
+        in_background(lambda: self._run(session, fit, params, reply), "parley-reply")
 
     def _run(self, session: SessionLike, fit: Callable[[], tuple[list[dict[str, str]], str | None]],
              params: GenerationParams, reply: ActiveReply) -> None:
@@ -81,7 +103,7 @@ class ReplyController:
             reply.buffer.push(Done("error", f"{type(error).__name__}: {error}"))
 
     async def drain(self) -> None:
-        app, reply = self.app, self.active
+        reply, status = self.active, self.status
         if reply is None:
             self._timer.pause()
             return
@@ -91,54 +113,52 @@ class ReplyController:
         if reply is not self.active:  # stopped while we were writing
             return
         for text in batch.notices:
-            app.notify(text, severity="warning", markup=False)
+            status.notify(text, severity="warning", markup=False)
         if batch.stats is not None:
             note = getattr(batch.stats, "speculation_note", "")  # e.g. auto turned a slow drafter off
             if note and note not in reply.notes:
                 reply.notes.add(note)
-                app.notify(note, title="Speculation", severity="warning", timeout=10, markup=False)
+                status.notify(note, title="Speculation", severity="warning", timeout=10, markup=False)
             reply.has_stats = True
-            app.status.live = None
-            app.status.stats = batch.stats
+            status.live = None
+            status.stats = batch.stats
             if batch.stats.context_tokens:
-                app.status.context_used = batch.stats.context_tokens
+                status.context_used = batch.stats.context_tokens
         elif not reply.has_stats:
-            app.status.live = reply.buffer.live_figures()
-        app.status.prefill = reply.buffer.prefill_figures()
-        app.panel.reply_progress(reply.buffer.tokens)
+            status.live = reply.buffer.live_figures()
+        status.prefill = reply.buffer.prefill_figures()
+        self.panel.reply_progress(reply.buffer.tokens)
         if batch.done is not None:
             await self.finish(reply, batch.done)
 
     async def finish(self, reply: ActiveReply, done: Done, *, interrupted: bool = False) -> None:
         if reply.finished:
             return
-        app = self.app
+        status = self.status
         reply.finished = True
         self.active = None
         self._timer.pause()
-        app.generating = False
-        app.status.live = None
-        app.status.prefill = None
-        app.panel.reply_progress(None)
+        status.live = None
+        status.prefill = None
+        self.panel.reply_progress(None)
         if reply.view.content and done.reason == "cancelled":
             await reply.view.append(INTERRUPTED_MARK if interrupted else STOPPED_MARK)
         await reply.view.finish()
         if reply.view.content:
-            assert app.conversation is not None
-            reply.view.db_id = app.store.add_message(app.conversation.id, "assistant", reply.view.content)
+            reply.view.db_id = self.store.add_message(reply.conversation_id, "assistant", reply.view.content)
         else:
             await reply.view.remove()
             if done.reason == "cancelled" and not interrupted:
                 # The question stays: the user can regenerate, edit it, or ask something else.
-                app.notify("Reply stopped before its first token: Ctrl+R asks again, Ctrl+G edits the question")
+                status.notify("Reply stopped before its first token: Ctrl+R asks again, Ctrl+G edits the question")
         if done.reason == "error":
-            app.notify(f"Generation failed: {done.detail}", severity="error", timeout=10, markup=False)
+            status.notify(f"Generation failed: {done.detail}", severity="error", timeout=10, markup=False)
         elif done.reason == "length":
             if "context" in done.detail:
-                app.notify(f"Stopped: {done.detail}", severity="warning", markup=False)
+                status.notify(f"Stopped: {done.detail}", severity="warning", markup=False)
             else:
-                app.notify("Stopped at the max tokens limit (F2 to raise it)")
-        app.reply_finished()
+                status.notify("Stopped at the max tokens limit (F2 to raise it)")
+        self.screen.post_message(ReplyFinished())
 
     async def stop(self) -> None:
         """Stop now: the reply keeps exactly what is on screen; the engine stops at its next round."""

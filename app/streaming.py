@@ -99,6 +99,7 @@ class ReplyBuffer:
 @dataclass
 class ActiveReply:
     view: ChatMessage
+    conversation_id: int  # where the reply is saved
     buffer: ReplyBuffer = field(default_factory=ReplyBuffer)
     cancel: threading.Event = field(default_factory=threading.Event)
     finished: bool = False

@@ -21,7 +21,7 @@ async def test_export_writes_expected_markdown(tmp_path):
         await wait_until(lambda: app.attachment is not None and app.attachment.tokens is not None)
         await send(app, pilot, "And this?")
         await wait_until(lambda: len(engine.calls) == 2 and not app.generating)
-        app.action_export()
+        app.chat_screen.action_export()
         path = tmp_path / f"add-a-list-{app.conversation.id}.md"
         assert path.read_text() == (
             "# Add a list?\n\n"

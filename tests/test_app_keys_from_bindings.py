@@ -10,12 +10,13 @@ from textual.command import CommandPalette
 
 from parley.app.chat_app import ParleyApp
 from parley.app.commands import key_label, palette_entries
+from parley.app.screens.chat import ChatScreen
 from parley.app.screens.help import HelpScreen, key_rows
 from parley.app.widgets.prompt import PromptInput
 
 pytestmark = pytest.mark.anyio
 
-APP_BINDINGS = list(Binding.make_bindings(ParleyApp.BINDINGS))
+APP_BINDINGS = list(Binding.make_bindings([*ChatScreen.BINDINGS, *ParleyApp.BINDINGS]))
 
 
 def test_every_app_binding_says_what_it_does_and_is_in_the_palette():

@@ -51,7 +51,7 @@ async def test_new_chat_and_copy(tmp_path):
         await ready(app, pilot)
         await send(app, pilot, "code please")
         await wait_until(lambda: engine.calls and not app.generating)
-        app.action_copy_reply(code=True)
+        app.chat_screen.action_copy_reply(code=True)
         assert app.clipboard == "def add(a: int, b: int) -> int:\n    return a + b"
         reply = app.chat.messages[-1]
         reply.focus()

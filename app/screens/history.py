@@ -33,6 +33,12 @@ class Deleted(Message):
         self.conversation_id = conversation_id
 
 
+class ExportAsked(Message):
+    def __init__(self, conversation_id: int) -> None:
+        super().__init__()
+        self.conversation_id = conversation_id
+
+
 class HistoryScreen(ModalScreen[int | None]):
     """Dismisses with the id of the conversation to resume, or None."""
 
@@ -160,7 +166,7 @@ class HistoryScreen(ModalScreen[int | None]):
     def action_export(self) -> None:
         conv_id = self._selected()
         if conv_id is not None:
-            self.app.conversations.export(conv_id)  # type: ignore[attr-defined]
+            self.app.post_message(ExportAsked(conv_id))
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # Letters type into the rename and search boxes while they have focus.

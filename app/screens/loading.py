@@ -11,6 +11,7 @@ from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Label, ProgressBar, Static
 
@@ -47,6 +48,9 @@ def error_hint(error: BaseException) -> str:
 
 class LoadingScreen(Screen[None]):
     """Shows `Progress` reports (marshalled here by the app) and, on failure, the error and a way out."""
+
+    class Retry(Message):
+        """Load again (after an error)."""
 
     BINDINGS = [Binding("r", "retry", "Retry"), Binding("q", "app.quit", "Quit")]
 
@@ -145,4 +149,4 @@ class LoadingScreen(Screen[None]):
         self.remove_class("-failed")
         self.query_one("#loading-error", Static).update("")
         self.refresh_bindings()
-        self.app.engines.load()  # type: ignore[attr-defined]
+        self.post_message(self.Retry())  # bubbles up to the app, which owns the loading
