@@ -12,6 +12,7 @@ import random
 
 import pytest
 import torch
+from native_models import logits_in_chunks
 
 from parley.kernels import native
 from parley.models.config import ModelConfig
@@ -38,22 +39,6 @@ def small_model(int4: bool, seed: int = 0, qkv_bias: bool = False) -> Transforme
         for parent, name, lin in decoder_linears(model):
             setattr(parent, name, Int4Linear.from_linear(lin, 64))
     return model
-
-
-def logits_in_chunks(model: Transformer, ids: list[int], chunks: list[int], kind: str,
-                     step=None) -> torch.Tensor:
-    """Run `ids` through a fresh cache in passes of the given sizes (on `step`, else the model's own
-    forward); logits of every position."""
-    cache = model.new_cache(600, kind=kind)
-    step = step or model
-    out, start = [], 0
-    with torch.inference_mode():
-        for n in chunks:
-            t = torch.tensor([ids[start : start + n]])
-            pos = torch.arange(start, start + n)[None]
-            out.append(step(t, pos, cache)[0])
-            start += n
-    return torch.cat(out)
 
 
 @pytest.mark.parametrize("kind", KV_CACHE_TYPES)

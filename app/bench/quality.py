@@ -261,16 +261,7 @@ def greedy_summary(engine, kind: str, new_tokens: int) -> list[int]:
 
     engine.set_kv_cache(kind)
     ids = engine.tokenizer.encode_chat([{"role": "user", "content": SUMMARY_PROMPT + document()}])
-    ids = ids[-(engine.context_window - new_tokens - 1):]
-    engine.reset_cache()
-    engine.prefill(ids[:-1])
-    tok, out = ids[-1], []
-    for _ in range(new_tokens):
-        logits = engine.forward([tok])
-        engine.commit([tok])
-        tok = int(logits[-1].argmax())
-        out.append(tok)
-    return out
+    return greedy(engine, ids[-(engine.context_window - new_tokens - 1):], new_tokens)
 
 
 def kv_cache_quality(args: argparse.Namespace, fp, chunks, model_ref: str, text: list[str], say) -> int:
