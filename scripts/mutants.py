@@ -3,6 +3,7 @@
     python scripts/mutants.py                 # every mutant, one at a time
     python scripts/mutants.py verify-99 sse   # only the mutants whose name contains one of these words
     python scripts/mutants.py --list
+    python scripts/mutants.py --check         # only check that every mutant still applies (no tests run)
 
 Each mutant replaces one exact piece of source text (it must occur exactly once, or the mutant is reported
 STALE: the code moved, update the mutant) in a temporary copy of the files git knows about, then runs only
@@ -187,11 +188,23 @@ def tree_files() -> list[str]:
     return [f for f in out.decode().split("\0") if f and (ROOT / f).is_file()]
 
 
+def stale(m: Mutant) -> str | None:
+    """Why the mutant no longer applies (its file or text moved, a test file is gone), or None."""
+    if not (ROOT / m.file).is_file():
+        return f"{m.file} does not exist"
+    count = (ROOT / m.file).read_text().count(m.old)
+    if count != 1:
+        return f"{m.file}: the text to replace occurs {count} times, not once"
+    missing = [t for t in m.tests if not (ROOT / t.split("::")[0]).is_file()]
+    return f"no test file {', '.join(missing)}" if missing else None
+
+
 def run_one(m: Mutant, files: list[str], python: str) -> tuple[str, float, str]:
     """(outcome, seconds, the last lines of pytest's output)."""
+    why = stale(m)
+    if why:
+        return "STALE", 0.0, why
     source = (ROOT / m.file).read_text()
-    if source.count(m.old) != 1:
-        return "STALE", 0.0, f"{m.file}: the text to replace occurs {source.count(m.old)} times, not once"
     with tempfile.TemporaryDirectory(prefix=f"parley-mutant-{m.name}-") as tmp:
         tree = Path(tmp) / "parley"  # the repository root is the `parley` package
         for f in files:
@@ -218,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("only", nargs="*", help="run only the mutants whose name contains one of these")
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
+    parser.add_argument("--check", action="store_true", help="only check that each mutant applies; run nothing")
     parser.add_argument("--python", default=sys.executable, help="the interpreter that runs pytest")
     args = parser.parse_args(argv)
     chosen = [m for m in MUTANTS if not args.only or any(w in m.name for w in args.only)]
@@ -225,6 +239,12 @@ def main(argv: list[str] | None = None) -> int:
         for m in chosen:
             print(f"{m.name:40} {m.file:32} {' '.join(m.tests)}")
         return 0
+    if args.check:
+        problems = [(m.name, why) for m in chosen if (why := stale(m))]
+        for name, why in problems:
+            print(f"STALE {name}: {why}")
+        print(f"{len(chosen) - len(problems)} of {len(chosen)} mutants apply")
+        return 1 if problems else 0
     if not chosen:
         print(f"no mutant matches {args.only}; see --list", file=sys.stderr)
         return 2
