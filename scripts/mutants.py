@@ -100,6 +100,15 @@ MUTANTS: list[Mutant] = [
            "            hi = mid\n    return lo",
            "            hi = mid\n    return min(lo + 1, n)",
            ("tests/test_prefix_reuse_after_an_edit_matches_fresh.py",)),
+    # -- drafting: the suffix trie and whether speculation pays --
+    Mutant("suffix-trie-truncate-keeps-count", "engine/suffix_trie.py",
+           "                count[c] -= 1\n",
+           "",
+           ("tests/test_suffix_trie_counts.py",)),
+    Mutant("speculation-pay-slope-off-by-one", "engine/speculation_pay.py",
+           "slope = max(0.0, (seconds - self.base) / (tokens - 1))",
+           "slope = max(0.0, (seconds - self.base) / tokens)",
+           ("tests/test_speculation_pay_choices.py",)),
     # -- the native step --
     Mutant("native-causal-mask-sees-next", "kernels/cpu_step.cpp",
            "std::min(p + 1, (b + 1) * ATT_BLOCK)",
