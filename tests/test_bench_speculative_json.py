@@ -8,7 +8,7 @@ import pytest
 from single_thread import single_thread  # noqa: F401
 from tiny import tiny_engine
 
-from parley.app import bench_speculative
+from parley.app.bench import speculative as bench_speculative
 from parley.engine.engine import Engine
 
 

@@ -13,7 +13,7 @@ import pytest
 from serve_fake_engine import serve_engine
 from serve_support import running_server
 
-from parley.app import serve
+from parley.app.server import api as serve
 
 KEY = "sk-Test-7f3a9c"
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from parley.app import cli, web
+from parley.app import cli
+from parley.app.server import web
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
