@@ -3,7 +3,7 @@
     python scripts/mutants.py                 # every mutant, one at a time
     python scripts/mutants.py verify-99 sse   # only the mutants whose name contains one of these words
     python scripts/mutants.py --list
-    python scripts/mutants.py --check         # only check that every mutant still applies (no tests run)
+    python scripts/mutants.py --check         # only check that every mutant applies and its tests collect
 
 Each mutant replaces one exact piece of source text (it must occur exactly once, or the mutant is reported
 STALE: the code moved, update the mutant) in a temporary copy of the files git knows about, then runs only
@@ -220,32 +220,38 @@ def stale(m: Mutant) -> str | None:
     return f"no test file {', '.join(missing)}" if missing else None
 
 
-def run_one(m: Mutant, files: list[str], python: str) -> tuple[str, float, str]:
-    """(outcome, seconds, the last lines of pytest's output)."""
-    why = stale(m)
-    if why:
-        return "STALE", 0.0, why
-    source = (ROOT / m.file).read_text()
-    with tempfile.TemporaryDirectory(prefix=f"parley-mutant-{m.name}-") as tmp:
+def pytest_in_copy(files: list[str], args: list[str], python: str, mutant: Mutant | None = None,
+                   ) -> subprocess.CompletedProcess[str]:
+    """Run pytest with `args` in a temporary copy of the tree (with `mutant` planted, if given)."""
+    with tempfile.TemporaryDirectory(prefix=f"parley-mutant-{mutant.name if mutant else 'check'}-") as tmp:
         tree = Path(tmp) / "parley"  # the repository root is the `parley` package
         for f in files:
             dst = tree / f
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / f, dst)
-        (tree / m.file).write_text(source.replace(m.old, m.new))
+        if mutant is not None:
+            (tree / mutant.file).write_text((ROOT / mutant.file).read_text().replace(mutant.old, mutant.new))
         env = {**os.environ, "PYTHONPATH": tmp, "PARLEY_CACHE_DIR": str(Path(tmp) / "cache"),
                "PYTHONDONTWRITEBYTECODE": "1"}
         env.pop("PARLEY_NATIVE_DIR", None)  # a mutated cpu_step.cpp must be built, never taken from a cache
-        start = time.monotonic()
-        try:
-            r = subprocess.run([python, "-m", "pytest", "-q", "-x", "-p", "no:xdist", "-p", "no:cacheprovider",
-                                *m.tests], cwd=tree, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            return "KILLED (timeout)", time.monotonic() - start, ""
-        seconds = time.monotonic() - start
-        tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-3:])
-        outcome = {0: "SURVIVED", 1: "KILLED"}.get(r.returncode, f"ERROR (pytest exit {r.returncode})")
-        return outcome, seconds, tail
+        return subprocess.run([python, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", *args],
+                              cwd=tree, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def run_one(m: Mutant, files: list[str], python: str) -> tuple[str, float, str]:
+    """(outcome, seconds, the last lines of pytest's output)."""
+    why = stale(m)
+    if why:
+        return "STALE", 0.0, why
+    start = time.monotonic()
+    try:
+        r = pytest_in_copy(files, ["-q", "-x", *m.tests], python, m)
+    except subprocess.TimeoutExpired:
+        return "KILLED (timeout)", time.monotonic() - start, ""
+    seconds = time.monotonic() - start
+    tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-3:])
+    outcome = {0: "SURVIVED", 1: "KILLED"}.get(r.returncode, f"ERROR (pytest exit {r.returncode})")
+    return outcome, seconds, tail
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -264,8 +270,14 @@ def main(argv: list[str] | None = None) -> int:
         problems = [(m.name, why) for m in chosen if (why := stale(m))]
         for name, why in problems:
             print(f"STALE {name}: {why}")
-        print(f"{len(chosen) - len(problems)} of {len(chosen)} mutants apply")
-        return 1 if problems else 0
+        tests = sorted({t for m in chosen for t in m.tests if (ROOT / t.split("::")[0]).is_file()})
+        collected = pytest_in_copy(tree_files(), ["-q", "--collect-only", *tests], args.python)
+        if collected.returncode != 0:  # a test file that no longer imports: its mutants could only ERROR
+            errors = [line for line in collected.stdout.splitlines() if line.startswith(("ERROR", "E "))]
+            print("the mutants' tests do not collect:\n    " + "\n    ".join(errors[:20]))
+        print(f"{len(chosen) - len(problems)} of {len(chosen)} mutants apply; their tests "
+              f"{'collect' if collected.returncode == 0 else 'do NOT collect'}")
+        return 1 if problems or collected.returncode != 0 else 0
     if not chosen:
         print(f"no mutant matches {args.only}; see --list", file=sys.stderr)
         return 2
