@@ -3,6 +3,7 @@
     python scripts/mutants.py                 # every mutant, one at a time
     python scripts/mutants.py verify-99 sse   # only the mutants whose name contains one of these words
     python scripts/mutants.py --list
+    python scripts/mutants.py --check         # only check that every mutant applies and its tests collect
 
 Each mutant replaces one exact piece of source text (it must occur exactly once, or the mutant is reported
 STALE: the code moved, update the mutant) in a temporary copy of the files git knows about, then runs only
@@ -99,11 +100,24 @@ MUTANTS: list[Mutant] = [
            "            hi = mid\n    return lo",
            "            hi = mid\n    return min(lo + 1, n)",
            ("tests/test_prefix_reuse_after_an_edit_matches_fresh.py",)),
+    # -- drafting: the suffix trie and whether speculation pays --
+    Mutant("suffix-trie-truncate-keeps-count", "engine/suffix_trie.py",
+           "                count[c] -= 1\n",
+           "",
+           ("tests/test_suffix_trie_counts.py",)),
+    Mutant("speculation-pay-slope-off-by-one", "engine/speculation_pay.py",
+           "slope = max(0.0, (seconds - self.base) / (tokens - 1))",
+           "slope = max(0.0, (seconds - self.base) / tokens)",
+           ("tests/test_speculation_pay_choices.py",)),
     # -- the native step --
     Mutant("native-causal-mask-sees-next", "kernels/cpu_step.cpp",
            "std::min(p + 1, (b + 1) * ATT_BLOCK)",
            "std::min(p + 2, (b + 1) * ATT_BLOCK)",
            ("tests/test_native_step_matches_pytorch_every_arch.py",)),
+    Mutant("native-sliding-window-one-key-too-many", "kernels/cpu_step.cpp",
+           "return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;",
+           "return window > 0 && p - window > 0 ? p - window : 0;",
+           ("tests/test_native_step_gemma3.py", "tests/test_native_step_matches_pytorch_every_arch.py")),
     Mutant("native-rope-sign", "kernels/cpu_step.cpp",
            "x[i] = a * cos[i] - b * sin[i];",
            "x[i] = a * cos[i] + b * sin[i];",
@@ -147,6 +161,18 @@ MUTANTS: list[Mutant] = [
            '                                       "(the details are in its log)"',
            'f"internal error: {type(e).__name__}: {e}"',
            ("tests/test_serve_hostile_requests.py",)),
+    Mutant("serve-end-of-input-is-gone", "app/server/api.py",
+           "                self._gone = True\n        return self._gone",
+           "                self._gone = True\n        return True",
+           ("tests/test_serve_half_closed_and_gone_clients.py",)),
+    Mutant("serve-no-reset-probe", "app/server/api.py",
+           '                self.wfile.write(b"HTTP/1.1 100 Continue\\r\\n\\r\\n")',
+           "                pass",
+           ("tests/test_serve_half_closed_and_gone_clients.py",)),
+    Mutant("serve-whole-reply-unwatched", "app/server/api.py",
+           "reply = consume(watched())",
+           "reply = consume(events)",
+           ("tests/test_serve_half_closed_and_gone_clients.py",)),
     # -- the SSE parser and the remote backend --
     Mutant("sse-multiline-data-glued", "engine/remote.py",
            'payload = "\\n".join(data)\n                data = []',
@@ -187,37 +213,56 @@ def tree_files() -> list[str]:
     return [f for f in out.decode().split("\0") if f and (ROOT / f).is_file()]
 
 
-def run_one(m: Mutant, files: list[str], python: str) -> tuple[str, float, str]:
-    """(outcome, seconds, the last lines of pytest's output)."""
-    source = (ROOT / m.file).read_text()
-    if source.count(m.old) != 1:
-        return "STALE", 0.0, f"{m.file}: the text to replace occurs {source.count(m.old)} times, not once"
-    with tempfile.TemporaryDirectory(prefix=f"parley-mutant-{m.name}-") as tmp:
+def stale(m: Mutant) -> str | None:
+    """Why the mutant no longer applies (its file or text moved, a test file is gone), or None."""
+    if not (ROOT / m.file).is_file():
+        return f"{m.file} does not exist"
+    count = (ROOT / m.file).read_text().count(m.old)
+    if count != 1:
+        return f"{m.file}: the text to replace occurs {count} times, not once"
+    missing = [t for t in m.tests if not (ROOT / t.split("::")[0]).is_file()]
+    return f"no test file {', '.join(missing)}" if missing else None
+
+
+def pytest_in_copy(files: list[str], args: list[str], python: str, mutant: Mutant | None = None,
+                   ) -> subprocess.CompletedProcess[str]:
+    """Run pytest with `args` in a temporary copy of the tree (with `mutant` planted, if given)."""
+    with tempfile.TemporaryDirectory(prefix=f"parley-mutant-{mutant.name if mutant else 'check'}-") as tmp:
         tree = Path(tmp) / "parley"  # the repository root is the `parley` package
         for f in files:
             dst = tree / f
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / f, dst)
-        (tree / m.file).write_text(source.replace(m.old, m.new))
+        if mutant is not None:
+            (tree / mutant.file).write_text((ROOT / mutant.file).read_text().replace(mutant.old, mutant.new))
         env = {**os.environ, "PYTHONPATH": tmp, "PARLEY_CACHE_DIR": str(Path(tmp) / "cache"),
                "PYTHONDONTWRITEBYTECODE": "1"}
         env.pop("PARLEY_NATIVE_DIR", None)  # a mutated cpu_step.cpp must be built, never taken from a cache
-        start = time.monotonic()
-        try:
-            r = subprocess.run([python, "-m", "pytest", "-q", "-x", "-p", "no:xdist", "-p", "no:cacheprovider",
-                                *m.tests], cwd=tree, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            return "KILLED (timeout)", time.monotonic() - start, ""
-        seconds = time.monotonic() - start
-        tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-3:])
-        outcome = {0: "SURVIVED", 1: "KILLED"}.get(r.returncode, f"ERROR (pytest exit {r.returncode})")
-        return outcome, seconds, tail
+        return subprocess.run([python, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", *args],
+                              cwd=tree, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def run_one(m: Mutant, files: list[str], python: str) -> tuple[str, float, str]:
+    """(outcome, seconds, the last lines of pytest's output)."""
+    why = stale(m)
+    if why:
+        return "STALE", 0.0, why
+    start = time.monotonic()
+    try:
+        r = pytest_in_copy(files, ["-q", "-x", *m.tests], python, m)
+    except subprocess.TimeoutExpired:
+        return "KILLED (timeout)", time.monotonic() - start, ""
+    seconds = time.monotonic() - start
+    tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-3:])
+    outcome = {0: "SURVIVED", 1: "KILLED"}.get(r.returncode, f"ERROR (pytest exit {r.returncode})")
+    return outcome, seconds, tail
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("only", nargs="*", help="run only the mutants whose name contains one of these")
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
+    parser.add_argument("--check", action="store_true", help="only check that each mutant applies; run nothing")
     parser.add_argument("--python", default=sys.executable, help="the interpreter that runs pytest")
     args = parser.parse_args(argv)
     chosen = [m for m in MUTANTS if not args.only or any(w in m.name for w in args.only)]
@@ -225,6 +270,18 @@ def main(argv: list[str] | None = None) -> int:
         for m in chosen:
             print(f"{m.name:40} {m.file:32} {' '.join(m.tests)}")
         return 0
+    if args.check:
+        problems = [(m.name, why) for m in chosen if (why := stale(m))]
+        for name, why in problems:
+            print(f"STALE {name}: {why}")
+        tests = sorted({t for m in chosen for t in m.tests if (ROOT / t.split("::")[0]).is_file()})
+        collected = pytest_in_copy(tree_files(), ["-q", "--collect-only", *tests], args.python)
+        if collected.returncode != 0:  # a test file that no longer imports: its mutants could only ERROR
+            errors = [line for line in collected.stdout.splitlines() if line.startswith(("ERROR", "E "))]
+            print("the mutants' tests do not collect:\n    " + "\n    ".join(errors[:20]))
+        print(f"{len(chosen) - len(problems)} of {len(chosen)} mutants apply; their tests "
+              f"{'collect' if collected.returncode == 0 else 'do NOT collect'}")
+        return 1 if problems or collected.returncode != 0 else 0
     if not chosen:
         print(f"no mutant matches {args.only}; see --list", file=sys.stderr)
         return 2

@@ -2,7 +2,8 @@
 
 The standard library's threading HTTP server is enough: there is one engine and it answers one request at a
 time, so an async framework would buy nothing. Each request gets a thread; requests take turns at the engine
-through a bounded FIFO (`EngineQueue`, 429 when full). A client that goes away cancels its reply; the engine
+through a bounded FIFO (`EngineQueue`, 429 when full). A client that goes away cancels its reply (one that only
+half-closes its socket after the request still gets it: `Handler._client_gone`); the engine
 reuses its KV cache for the longest common prefix, so the turns of one conversation only prefill what is new.
 """
 
@@ -244,6 +245,7 @@ class Handler(BaseHTTPRequestHandler):
     def _handle(self, route: Callable[[], None]) -> None:
         self._body_read = self.command == "GET"
         self._streaming = False  # once the SSE headers are out, an error can only end the stream
+        self._gone = self._probed = False  # see _client_gone
         try:
             self._authorize()
             route()
@@ -358,9 +360,13 @@ class Handler(BaseHTTPRequestHandler):
                 yield ev
 
     def _whole(self, req: CompletionRequest, events: Iterator, cancel: threading.Event) -> None:
-        # No cancel on end-of-input here: a client that half-closed after its request still reads the answer
-        # (the reply is bounded by max_tokens and the window); a streamed reply notices a gone client on write.
-        reply = consume(events)
+        def watched() -> Iterator[TextDelta | Stats | Done]:
+            for ev in events:  # a client that closed its socket stops the reply; one that half-closed does not
+                if not cancel.is_set() and self._client_gone():
+                    cancel.set()
+                yield ev
+
+        reply = consume(watched())
         stats, done = reply.stats, reply.done or Done("error", "no reply")
         self.server.finished.append(_outcome(done))
         if done.reason == "cancelled":
@@ -430,14 +436,36 @@ class Handler(BaseHTTPRequestHandler):
     # -- the socket -------------------------------------------------------------------------------
 
     def _client_gone(self) -> bool:
-        """True once the client closed its end (a readable socket with nothing to read)."""
+        """True once the client is known to be gone: its socket reports an error (a reset, a broken pipe).
+
+        An end of input alone is not enough: a client may half-close (shutdown(SHUT_WR)) after its request
+        and still read the answer, and on the wire that looks just like a client that closed its socket. So
+        on the first end of input, before any answer went out, an HTTP/1.1 client is sent an interim
+        `100 Continue` (every client must skip 1xx answers before the final one): a half-closed client reads
+        past it, a closed socket answers it with a reset, which a later check sees. Once streaming, the
+        stream's own writes draw that reset. Without a probe (HTTP/1.0) an end of input is taken as a half-close."""
+        if self._gone:
+            return True
         try:
+            # After an end of input a reset shows only as the socket's pending error, reported once.
+            if self.connection.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                self._gone = True
+                return True
             readable, _, _ = select.select([self.connection], [], [], 0)
-            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            if not readable or self.connection.recv(1, socket.MSG_PEEK) != b"":
+                return False
         except (BlockingIOError, InterruptedError):
             return False
         except OSError:
+            self._gone = True
             return True
+        if not self._probed and not self._streaming and self.request_version == "HTTP/1.1":
+            self._probed = True
+            try:
+                self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            except OSError:
+                self._gone = True
+        return self._gone
 
     def _write(self, text: str) -> None:
         self.wfile.write(text.encode())
