@@ -10,7 +10,9 @@ model stores the resulting frequencies as `model.rotary_emb.inv_freq`, which tra
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -89,6 +91,28 @@ def safetensors_weights(path: Path, device: torch.device | str = "cpu") -> Itera
             ) from None
 
 
+@contextmanager
+def _no_random_init() -> Iterator[None]:
+    """Skip the modules' random init while this thread builds a model on the meta device: every weight is
+    replaced by the checkpoint's, and the meta kernels of `normal_`/`uniform_` import torch._dynamo on first
+    use (1.4 s of a cached start). Other threads keep the real init functions."""
+    me, names = threading.get_ident(), ("normal_", "uniform_", "kaiming_uniform_", "trunc_normal_")
+    saved = {name: getattr(torch.nn.init, name) for name in names}
+
+    def skipping(original):
+        def init(tensor, *args, **kwargs):
+            return tensor if threading.get_ident() == me else original(tensor, *args, **kwargs)
+        return init
+
+    for name, original in saved.items():
+        setattr(torch.nn.init, name, skipping(original))
+    try:
+        yield
+    finally:
+        for name, original in saved.items():
+            setattr(torch.nn.init, name, original)
+
+
 @torch.no_grad()
 def assemble(config: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype,
              device: torch.device | str, source: str, group_size: int | None = None) -> Transformer:
@@ -98,7 +122,7 @@ def assemble(config: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], d
     an Int4Linear; linears stored unquantized (`modules_to_not_convert`) stay nn.Linear.
     """
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), _no_random_init():
             model = Transformer(config)
     except ValueError as e:  # e.g. a rope scaling the model does not implement
         raise ModelLoadError(f"{source}: {e}; use a model of a supported configuration") from None

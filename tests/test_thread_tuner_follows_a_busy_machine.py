@@ -92,3 +92,11 @@ def test_the_first_steps_probe_and_every_engine_shares_what_was_learnt(calls: li
     used = run_steps(tuner, clock, {1: 5.0, 2: 40.0}, 8)
     assert used == [1] * 4 + [2] * 4 and tuner.current == 1  # no period of slow steps before the first probe
     assert tiny_engine().target.tuner is tiny_engine(seed=1).target.tuner  # one machine, one tuner
+
+
+def test_first_passes_leave_the_busy_cores_to_others():
+    """Before any step is timed, the count is the cores the load average leaves free (at least one)."""
+    assert [threads.start_count(2, load) for load in (0.0, 0.4, 0.6, 1.2, 3.0)] == [2, 2, 1, 1, 1]
+    assert threads.start_count(8, 2.0) == 6
+    assert threads.ThreadTuner(candidates=[1, 2], start=1).current == 1
+    assert threads.ThreadTuner(candidates=[1, 2], start=None).current == 2
