@@ -602,6 +602,7 @@ static inline __m512 load16(const Cache* c, const void* base, size_t row, int D,
 // in block order. The blocks are the unit of work (a long context splits across threads at decode) and
 // depend only on the position, so a position's result is the same in any pass.
 constexpr int ATT_BLOCK = 256;
+constexpr int ATT_SCORES = 64;  // score rows of scratch a thread has: up to 8 positions x 8 query heads (G <= 8)
 static_assert(ATT_BLOCK <= 512, "int16 weights x int8 values summed in int32 over a block must not overflow");
 
 #if PARLEY_VNNI
@@ -646,6 +647,17 @@ static inline void dispatch_nq(int nq, F&& f) {
     }
 }
 
+// One query head (64 dims) -> int16 (round to nearest even, as nearbyint) and its scale amax / 32767.
+static inline float quantize_q16(const float* q, int16_t* q16) {
+    __m512 mv = _mm512_setzero_ps();
+    for (int d = 0; d < 64; d += 16) mv = _mm512_max_ps(mv, _mm512_abs_ps(_mm512_loadu_ps(q + d)));
+    const float amax = _mm512_reduce_max_ps(mv);
+    const __m512 inv = _mm512_set1_ps(amax > 0 ? 32767.0f / amax : 0.0f);
+    for (int d = 0; d < 64; d += 16)
+        _mm256_storeu_si256((__m256i*)(q16 + d), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(q + d), inv))));
+    return amax / 32767.0f;
+}
+
 // int8 keys (head_dim 64): q quantized to int16 per head (relative error 2^-16), int16 pair dot products,
 // exact int32 sums, then one float scale per (head, key).
 template <int NQ>
@@ -653,12 +665,8 @@ static void scores_int8(const Cache* c, const KV* kv, size_t base, int j0, int n
     __m512i qlo[NQ], qhi[NQ];
     float qs[NQ];
     for (int i = 0; i < NQ; i++) {
-        float amax = 0.0f;
-        for (int d = 0; d < 64; d++) amax = std::fmax(amax, std::fabs(q[i * 64 + d]));
-        qs[i] = amax / 32767.0f;
-        const float inv = amax > 0 ? 32767.0f / amax : 0.0f;
         alignas(64) int16_t q16[64];
-        for (int d = 0; d < 64; d++) q16[d] = (int16_t)std::nearbyint(q[i * 64 + d] * inv);
+        qs[i] = quantize_q16(q + i * 64, q16);
         qlo[i] = _mm512_load_si512((const void*)q16);
         qhi[i] = _mm512_load_si512((const void*)(q16 + 32));
     }
@@ -747,6 +755,81 @@ static void values_int8(const Cache* c, const KV* kv, size_t base, int j0, int n
 }
 #endif
 
+#if PARLEY_VNNI
+// r[k] lane t -> r[t] lane k: a 16x16 transpose of int32 lanes.
+static inline void transpose16(__m512i* r) {
+    __m512i t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+
+// Positions of a pass that attend one key block: at most this many share each transposed key chunk.
+constexpr int ATT_GROUP = 8;
+
+// scores_int8 for the nq query heads of each of np positions (position k's at q[k]) over keys [j0, j0 + n)
+// -> s[k * nq + i][j]: 16 keys in the 16 lanes (int16 pairs of dims, transposed once per 16 keys and shared
+// by every query of every position), so a score needs no horizontal sum. Each score is the same exact int32
+// sum as scores_int8's, scaled by the same float expression: bitwise scores_int8's, whatever np.
+static void scores_int8_shared(const KV* kv, size_t base, int j0, int n, int np, int nq, const float* const* q,
+                               float scale, float* s) {
+    const int Q = np * nq;
+    alignas(64) int32_t qp[ATT_GROUP * 8][32];  // int16 pairs of dims
+    float qsc[ATT_GROUP * 8];
+    for (int k = 0; k < Q; k++) {  // the quantization of scores_int8, query by query
+        alignas(64) int16_t q16[64];
+        qsc[k] = quantize_q16(q[k / nq] + (k % nq) * 64, q16) * scale;
+        std::memcpy(qp[k], q16, 128);
+    }
+    for (int k = Q; k < (Q + 3) / 4 * 4; k++) std::memset(qp[k], 0, 128);
+    const int8_t* K8 = (const int8_t*)kv->k + (base + j0) * 64;
+    for (int jb = 0; jb < n; jb += 16) {
+        const int cnt = n - jb < 16 ? n - jb : 16;
+        const __mmask16 mask = (__mmask16)((1u << cnt) - 1);
+        alignas(64) __m512i T[32];  // T[t] lane k: dims 2t, 2t + 1 of key jb + k
+        for (int k = 0; k < 16; k++) {
+            if (k >= cnt) {
+                T[k] = T[16 + k] = _mm512_setzero_si512();
+                continue;
+            }
+            const int8_t* kr = K8 + (size_t)(jb + k) * 64;
+            T[k] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)kr));
+            T[16 + k] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(kr + 32)));
+        }
+        transpose16(T);
+        transpose16(T + 16);
+        const __m512 ks = _mm512_maskz_loadu_ps(mask, kv->ks + base + j0 + jb);
+        for (int k0 = 0; k0 < Q; k0 += 4) {
+            __m512i acc[4];
+            for (int u = 0; u < 4; u++) acc[u] = _mm512_setzero_si512();
+            for (int t = 0; t < 32; t++)
+                for (int u = 0; u < 4; u++) acc[u] = _mm512_dpwssd_epi32(acc[u], _mm512_set1_epi32(qp[k0 + u][t]), T[t]);
+            for (int u = 0; u < 4 && k0 + u < Q; u++) {
+                const __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[u]), _mm512_mul_ps(ks, _mm512_set1_ps(qsc[k0 + u])));
+                _mm512_mask_storeu_ps(s + (size_t)(k0 + u) * ATT_BLOCK + jb, mask, sc);
+            }
+        }
+    }
+}
+#endif
+
 // Scaled scores of keys [j0, j1) for nq query heads -> s[i][j - j0].
 static void block_scores(const Cache* c, const KV* kv, int h, int j0, int j1, int D, int nq, const float* q,
                          float scale, float* s) {
@@ -798,11 +881,18 @@ static void block_scores(const Cache* c, const KV* kv, int h, int j0, int j1, in
 }
 
 // part[i] = {o[D], max, sum} for keys [j0, j1): o = sum_j e^{s_j - max} v_j.
+static void attend_scored(const Cache* c, const KV* kv, int h, int j0, int j1, int D, int nq, float* part, float* s);
+
 static void attend_block(const Cache* c, const KV* kv, int h, int j0, int j1, int D, int nq, const float* q,
                          float scale, float* part, float* s /* [nq][ATT_BLOCK] */) {
+    block_scores(c, kv, h, j0, j1, D, nq, q, scale, s);
+    attend_scored(c, kv, h, j0, j1, D, nq, part, s);
+}
+
+// The rest of attend_block once s holds the block's scaled scores.
+static void attend_scored(const Cache* c, const KV* kv, int h, int j0, int j1, int D, int nq, float* part, float* s) {
     const size_t base = (size_t)h * c->max_len;
     const int n = j1 - j0;
-    block_scores(c, kv, h, j0, j1, D, nq, q, scale, s);
     for (int i = 0; i < nq; i++) {  // the block's softmax numerators
         float* si = s + (size_t)i * ATT_BLOCK;
         float mx = -INFINITY, sum = 0.0f;
@@ -920,14 +1010,39 @@ static void attend_blocks(const Cache* c, const KV* kv, int M, const int64_t* po
     const size_t part_stride = (size_t)G * (D + 2);
 #pragma omp for schedule(dynamic, 1)
     for (int t = 0; t < KVH * nblk * mgroups; t++) {
-        const int h = t / (nblk * mgroups), b = t / mgroups % nblk, g = t % mgroups;
-        for (int m = g * 32; m < std::min(M, g * 32 + 32); m++) {
+        const int h = t / (nblk * mgroups), b = t / mgroups % nblk, g = t % mgroups, mend = std::min(M, g * 32 + 32);
+        float* s = scores + (size_t)omp_get_thread_num() * ATT_SCORES * ATT_BLOCK;
+        for (int m = g * 32; m < mend; m++) {
             const int p = (int)positions[m], lo = first_key(p, window);
             if (b * ATT_BLOCK > p || (b + 1) * ATT_BLOCK <= lo) continue;
+#if PARLEY_VNNI
+            if (c->kind >= KV_INT8 && D == 64 && G <= 8) {  // the following positions that start here share the keys
+                const int j0 = std::max(lo, b * ATT_BLOCK);
+                int np = 0, n = 0, ms[ATT_GROUP], j1[ATT_GROUP];
+                const float* qs[ATT_GROUP];
+                for (int m2 = m; m2 < mend && np < ATT_GROUP; m2++) {
+                    const int p2 = (int)positions[m2];
+                    if (b * ATT_BLOCK > p2 || std::max(first_key(p2, window), b * ATT_BLOCK) != j0) break;
+                    ms[np] = m2;
+                    j1[np] = std::min(p2 + 1, (b + 1) * ATT_BLOCK);
+                    qs[np] = q + (size_t)m2 * ldq + h * G * D;
+                    n = std::max(n, j1[np++] - j0);
+                }
+                if (np > 1) {
+                    scores_int8_shared(kv, (size_t)h * c->max_len, j0, n, np, G, qs, scale, s);
+                    for (int k = 0; k < np; k++)
+                        attend_scored(c, kv, h, j0, j1[k], D, G,
+                                      parts + ((size_t)ms[k] * KVH + h) * nblk * part_stride + b * part_stride,
+                                      s + (size_t)k * G * ATT_BLOCK);
+                    m += np - 1;
+                    continue;
+                }
+            }
+#endif
             attend_block(c, kv, h, std::max(lo, b * ATT_BLOCK), std::min(p + 1, (b + 1) * ATT_BLOCK), D, G,
                          q + (size_t)m * ldq + h * G * D, scale,
                          parts + ((size_t)m * KVH + h) * nblk * part_stride + b * part_stride,
-                         scores + (size_t)omp_get_thread_num() * G * ATT_BLOCK);
+                         s);
         }
     }
 }
@@ -1065,7 +1180,7 @@ extern "C" int parley_attention(const Cache* cache, int layer, int M, const int6
     const int nblk = max_p / ATT_BLOCK + 1, G = H / KVH;
     const size_t part_stride = (size_t)G * (D + 2);
     float* parts = (float*)scratch((size_t)M * KVH * nblk * part_stride * 4);
-    float* scores = (float*)scratch((size_t)omp_get_max_threads() * G * ATT_BLOCK * 4);
+    float* scores = (float*)scratch((size_t)omp_get_max_threads() * ATT_SCORES * ATT_BLOCK * 4);
     const float scale = 1.0f / std::sqrt((float)D);
 #pragma omp parallel
     {
@@ -1108,7 +1223,7 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
     const int nblk = max_p / ATT_BLOCK + 1, G = H / KVH;
     const size_t part_stride = (size_t)G * (D + 2);  // one block's partial for one kv head
     float* parts = (float*)scratch((size_t)M * KVH * nblk * part_stride * 4);
-    float* att_scores = (float*)scratch((size_t)nthreads * G * ATT_BLOCK * 4);
+    float* att_scores = (float*)scratch((size_t)nthreads * ATT_SCORES * ATT_BLOCK * 4);
     const float scale = md->attn_scale > 0 ? md->attn_scale : 1.0f / std::sqrt((float)D);
 
     for (int m = 0; m < M; m++) {
