@@ -146,7 +146,7 @@ class NativeStep:
         embed = model.embed_tokens.weight
         self.weight_bytes = sum(t.numel() * t.element_size() for t in self.keep
                                 if t.data_ptr() != embed.data_ptr()) + c.dim * 4
-        if head_bits != 8 and c.tie_embeddings:
+        if head_bits == 32 and c.tie_embeddings:  # the fp32 head is the embedding itself, skipped above
             self.weight_bytes += embed.numel() * 4
         cos, sin = self._rope_table(c.max_seq_len, model.inv_freq)
         if hasattr(model, "inv_freq_local"):  # Gemma 3's sliding layers rotate with their own base

@@ -83,7 +83,7 @@ def test_logits_do_not_depend_on_pass_lengths(kind: str) -> None:
 
 
 def test_four_bit_head_is_close_and_batch_invariant() -> None:
-    """The 4-bit head (what a 262k-row vocabulary gets by default): near the fp head, and bitwise the same
+    """The 4-bit head (opt-in, PARLEY_HEAD_BITS=4, for a 262k-row vocabulary): near the fp head, and bitwise the same
     logits whatever the pass lengths."""
     seed = 41
     rng = random.Random(seed)
