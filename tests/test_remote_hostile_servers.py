@@ -6,17 +6,15 @@ max_tokens, one that sends an endless line."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import socket
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import httpx
 import pytest
 from fake_openai_server import fake_server
 
+from parley.app.bench.faults_network import hostile_server
 from parley.engine.events import Done, TextDelta
 from parley.engine.params import GenerationParams
 from parley.engine.remote import MAX_QUIET_LINES, RemoteEngine, iter_sse, sse_lines
@@ -65,47 +63,9 @@ def test_figures_of_the_wrong_type_are_ignored():
     assert [e.text for e in events if isinstance(e, TextDelta)] == ["ok"] and events[-1] == Done("eos")
 
 
-@contextmanager
-def raw_server(answer: Callable[[socket.socket], None]) -> Iterator[tuple[str, list[int]]]:
-    """Answers GET /v1/models properly and every POST with `answer(connection)`; yields (url, POST count)."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    posts: list[int] = []
-    stop = threading.Event()
-
-    def serve(conn: socket.socket) -> None:
-        with conn:
-            head = b""
-            while b"\r\n\r\n" not in head:
-                data = conn.recv(65536)
-                if not data:
-                    return
-                head += data
-            if head.startswith(b"GET"):
-                body = json.dumps(MODELS["/v1/models"]).encode()
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-                             b"Connection: close\r\n\r\n%s" % (len(body), body))
-                return
-            posts.append(1)
-            with contextlib.suppress(OSError):  # the client went away: what these tests want
-                answer(conn)
-
-    def accept() -> None:
-        listener.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1", posts
-    finally:
-        stop.set()
-        thread.join(timeout=10)
-        listener.close()
+def raw_server(answer: Callable[[socket.socket], None]):
+    """Answers GET /v1/models properly and every POST with `answer(connection)` (the faults bench's server)."""
+    return hostile_server(MODELS["/v1/models"], answer)
 
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
@@ -128,7 +88,7 @@ def stalls_mid_stream(conn: socket.socket) -> None:
 
 @pytest.mark.parametrize("answer", [silent, status_line_only, stalls_mid_stream])
 def test_a_silent_server_times_out_with_one_line(answer):
-    with raw_server(answer) as (url, _):
+    with raw_server(answer) as url:
         engine = RemoteEngine.connect(url, client=short_client())
         done = reply(engine)[-1]
     assert done.reason == "error" and "sent nothing for 0.5 s" in done.detail, done
@@ -142,7 +102,7 @@ def endless_chunks(conn: socket.socket) -> None:
 
 
 def test_max_new_tokens_is_enforced_on_the_client():
-    with raw_server(endless_chunks) as (url, _):
+    with raw_server(endless_chunks) as url:
         engine = RemoteEngine.connect(url, client=short_client())
         events = reply(engine, max_new_tokens=50)
     texts = [e for e in events if isinstance(e, TextDelta)]
@@ -157,7 +117,7 @@ def endless_line(conn: socket.socket) -> None:
 
 
 def test_an_endless_line_is_refused():
-    with raw_server(endless_line) as (url, _):
+    with raw_server(endless_line) as url:
         engine = RemoteEngine.connect(url, client=short_client())
         done = reply(engine)[-1]
     assert done.reason == "error" and "line of over" in done.detail, done
@@ -170,7 +130,7 @@ def html_page(conn: socket.socket) -> None:
 
 
 def test_an_html_page_is_named_as_such():
-    with raw_server(html_page) as (url, _):
+    with raw_server(html_page) as url:
         engine = RemoteEngine.connect(url, client=short_client())
         done = reply(engine)[-1]
     assert done.reason == "error" and "web page" in done.detail, done
@@ -200,7 +160,7 @@ def json_error(conn: socket.socket) -> None:
 @pytest.mark.parametrize(("answer", "words"), [(json_error, "answered 503: model is loading"),
                                                (endless_error, "answered 503: busy busy")])
 def test_an_error_answer_is_one_line_read_within_bounds(answer, words):
-    with raw_server(answer) as (url, _):
+    with raw_server(answer) as url:
         engine = RemoteEngine.connect(url, client=short_client())
         done = reply(engine)[-1]
     assert done.reason == "error" and words in done.detail and "\n" not in done.detail, done

@@ -15,6 +15,8 @@ import pytest
 from serve_fake_engine import serve_engine
 from serve_support import poll, running_server
 
+from parley.app.bench.faults_network import exchange
+
 OK = [{"role": "user", "content": "Hi"}]
 
 
@@ -27,14 +29,7 @@ def served():
 
 def raw(server, data: bytes, *, shut_write: bool = False) -> bytes:
     """Send bytes on a fresh connection and read until the server closes it (or 60 s pass: a hang)."""
-    with socket.create_connection(server.server_address[:2], timeout=60) as s:
-        s.sendall(data)
-        if shut_write:
-            s.shutdown(socket.SHUT_WR)
-        out = b""
-        while chunk := s.recv(65536):
-            out += chunk
-        return out
+    return exchange(server.server_address[:2], data, shut_write=shut_write)
 
 
 def post(body: bytes, length: int | None = None, path: str = "/v1/chat/completions") -> bytes:

@@ -55,7 +55,7 @@ def _in_thread(fn: Callable[[], Any], timeout: float) -> tuple[str, Any]:
 # -- parley serve against a hostile client ----------------------------------------------------------
 
 
-def _exchange(address: tuple[str, int], data: bytes, *, shut_write: bool = False, reset: bool = False,
+def exchange(address: tuple[str, int], data: bytes, *, shut_write: bool = False, reset: bool = False,
               timeout: float = 60.0) -> bytes:
     with socket.create_connection(address, timeout=timeout) as s:
         s.sendall(data)
@@ -111,7 +111,7 @@ def serve_cases(engine: Any, timeout: float) -> dict[str, Any]:
                          "temperature": 0}).encode()
 
     def reply_text() -> str:
-        answer = _exchange(address, _post(greedy, key=bearer))
+        answer = exchange(address, _post(greedy, key=bearer))
         return json.loads(answer.partition(b"\r\n\r\n")[2])["choices"][0]["message"]["content"]
 
     def expect(status: int, words: str = "") -> Callable[[bytes], str | None]:
@@ -133,32 +133,32 @@ def serve_cases(engine: Any, timeout: float) -> dict[str, Any]:
     msg = [{"role": "user", "content": "Hi"}]
     body = lambda **kw: json.dumps({"messages": msg, "max_tokens": 2, **kw}).encode()  # noqa: E731
     cases: list[tuple[str, Callable[[], bytes], Callable[[bytes], str | None]]] = [
-        ("seed >= 2^64", lambda: _exchange(address, _post(body(seed=2**64), key=bearer)), expect(400, "seed")),
-        ("lone surrogate in content", lambda: _exchange(address, _post(json.dumps(
+        ("seed >= 2^64", lambda: exchange(address, _post(body(seed=2**64), key=bearer)), expect(400, "seed")),
+        ("lone surrogate in content", lambda: exchange(address, _post(json.dumps(
             {"messages": [{"role": "user", "content": "x\ud800y"}]}).encode(), key=bearer)),
          expect(400, "surrogate")),
-        ("100,000 nested [", lambda: _exchange(address, _post(b"[" * 100_000, key=bearer)), expect(400, "deeply")),
-        ("Content-Length -5", lambda: _exchange(address, _post(b"{}", length=-5, key=bearer)),
+        ("100,000 nested [", lambda: exchange(address, _post(b"[" * 100_000, key=bearer)), expect(400, "deeply")),
+        ("Content-Length -5", lambda: exchange(address, _post(b"{}", length=-5, key=bearer)),
          expect(400, "Content-Length")),
-        ("content over 16 M characters", lambda: _exchange(address, _post(json.dumps(
+        ("content over 16 M characters", lambda: exchange(address, _post(json.dumps(
             {"messages": [{"role": "user", "content": "y" * (16 << 20)}]}).encode(), key=bearer)),
          expect(400, "characters")),
-        ("Content-Length larger than the body", lambda: _exchange(address, _post(b"{}", length=1000, key=bearer)),
+        ("Content-Length larger than the body", lambda: exchange(address, _post(b"{}", length=1000, key=bearer)),
          expect(408)),
-        ("half a request, then silence", lambda: _exchange(address, b"POST /v1/chat/completions HTTP/1.1\r\nHo"),
+        ("half a request, then silence", lambda: exchange(address, b"POST /v1/chat/completions HTTP/1.1\r\nHo"),
          closed),
-        ("half-close after a valid request", lambda: _exchange(address, _post(body(), key=bearer), shut_write=True),
+        ("half-close after a valid request", lambda: exchange(address, _post(body(), key=bearer), shut_write=True),
          expect(200, "choices")),
-        ("keep-alive reset", lambda: _exchange(address, _post(body(), key=bearer, close=False), reset=True),
+        ("keep-alive reset", lambda: exchange(address, _post(body(), key=bearer, close=False), reset=True),
          lambda answer: None),
-        ("key + suffix", lambda: _exchange(address, _post(body(), key=bearer + "x")), expect(401)),
-        ("key minus its last character", lambda: _exchange(address, _post(body(), key=bearer[:-1])), expect(401)),
-        ("key in another case", lambda: _exchange(address, _post(body(), key=bearer.swapcase())), expect(401)),
-        ("key with inner whitespace", lambda: _exchange(address, _post(body(), key="Bearer  " + KEY)),
+        ("key + suffix", lambda: exchange(address, _post(body(), key=bearer + "x")), expect(401)),
+        ("key minus its last character", lambda: exchange(address, _post(body(), key=bearer[:-1])), expect(401)),
+        ("key in another case", lambda: exchange(address, _post(body(), key=bearer.swapcase())), expect(401)),
+        ("key with inner whitespace", lambda: exchange(address, _post(body(), key="Bearer  " + KEY)),
          expect(401)),
-        ("no key", lambda: _exchange(address, _post(body(), key=None)), expect(401)),
-        ("bad JSON", lambda: _exchange(address, _post(b"{oops", key=bearer)), expect(400, "JSON")),
-        ("wrong types", lambda: _exchange(address, _post(body(temperature="hot", stop=5), key=bearer)),
+        ("no key", lambda: exchange(address, _post(body(), key=None)), expect(401)),
+        ("bad JSON", lambda: exchange(address, _post(b"{oops", key=bearer)), expect(400, "JSON")),
+        ("wrong types", lambda: exchange(address, _post(body(temperature="hot", stop=5), key=bearer)),
          expect(400, "temperature")),
     ]
     results = []
@@ -197,7 +197,7 @@ SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: c
 
 
 @contextmanager
-def _hostile_server(models: Any, answer: Callable[[socket.socket], None]) -> Iterator[str]:
+def hostile_server(models: Any, answer: Callable[[socket.socket], None]) -> Iterator[str]:
     """GET /v1/models answers `models`; every POST is answered by `answer(connection)`."""
     listener = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
@@ -303,7 +303,7 @@ def remote_cases(timeout: float) -> dict[str, Any]:
     remote.READ_TIMEOUT_S = 2.0  # the backend's own client, with a read timeout a bench can wait for
     for name, models, answer in cases:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        with _hostile_server(models, answer) as url:
+        with hostile_server(models, answer) as url:
             def attempt(url: str = url) -> Any:
                 try:
                     engine = RemoteEngine.connect(url)
