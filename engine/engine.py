@@ -66,6 +66,7 @@ class Engine:
                                   native=native)
         self.prompt_lookup = PromptLookup()
         self.suffix_match = SuffixMatch()
+        self.suffix_tree = SuffixMatch(width=3)  # several candidates per pass, where the target runs tree passes
         self.pass_cost = PassCost()  # what a round costs by pass length, measured as replies run
         self.target.tuner = shared_tuner()
         self.draft = draft
@@ -172,6 +173,8 @@ class Engine:
             return None
         if mode == "draft" or (mode == "auto" and self.draft is not None):
             return self.draft
+        if mode == "suffix-tree" and self.target.trees:
+            return self.suffix_tree
         return self.prompt_lookup if mode == "prompt-lookup" else self.suffix_match
 
     def reset_cache(self) -> None:

@@ -10,6 +10,7 @@ the same tokenizer).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
@@ -61,6 +62,46 @@ def verify(p: Tensor, draft: list[int], q: Tensor | None, generator: torch.Gener
         return out
     out.append(sample(p[len(draft)], generator))
     return out
+
+
+def verify_tree(dist: Callable[[int, list[int]], Tensor], tokens: list[int], parents: list[int],
+                generator: torch.Generator) -> tuple[list[int], list[int]]:
+    """Tokens to emit for a tree of deterministic guesses, and the path of nodes they keep.
+
+    tokens/parents: node 0 is the pending token (parents[0] = -1), node m a guess following parents[m] < m.
+    dist(node, emitted): the target's distribution at `node` after the tokens emitted so far (its path).
+    At each node draw x from the target; if a child guessed x, descend into it, else emit x and stop. Every
+    emitted token is thus drawn from exactly the distribution plain decoding would draw it from (the
+    one-candidate rule with q one-hot, generalised): the output law is the target's. Temperature 0 is the
+    argmax at each node."""
+    kids: dict[int, dict[int, int]] = {}
+    for m in range(1, len(tokens)):
+        kids.setdefault(parents[m], {}).setdefault(tokens[m], m)
+    node, path, out = 0, [0], []
+    while True:
+        x = sample(dist(node, out), generator)
+        out.append(x)
+        child = kids.get(node, {}).get(x)
+        if child is None:
+            return out, path
+        path.append(child)
+        node = child
+
+
+def depth_first(parents: list[int]) -> list[int]:
+    """An order of a tree's guesses (parents[i] < i, -1: the pending token) that visits each node's children
+    in index order, depth first: the guesses a drafter chose first (its likeliest path) come first, as a chain
+    the native step reads from the cache as is, and each other branch's nodes together."""
+    kids: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        kids.setdefault(p, []).append(i)
+    order: list[int] = []
+    stack = list(reversed(kids.get(-1, [])))
+    while stack:
+        i = stack.pop()
+        order.append(i)
+        stack.extend(reversed(kids.get(i, [])))
+    return order
 
 
 class PromptLookup:
@@ -124,18 +165,25 @@ class SuffixMatch:
 
     name = "suffix match"
 
-    def __init__(self, depth: int = 24, per_match: float = 2.0, min_score: float = 0.2) -> None:
+    def __init__(self, depth: int = 24, per_match: float = 2.0, min_score: float = 0.2, width: int = 1) -> None:
         self.trie = SuffixTrie(depth)
-        self.per_match, self.min_score = per_match, min_score
+        self.per_match, self.min_score, self.width = per_match, min_score, width
+        self.name = "suffix tree" if width > 1 else "suffix match"
         self.scores: list[float] = []  # the running probability after each guess of the last proposal
+        # with width > 1, each guess's parent in the last proposal (-1: the context's end; else an earlier
+        # guess): several candidates where the counts leave the next token in doubt, verified in one pass
+        self.parents: list[int] | None = None
 
     def propose(self, context: list[int], k: int, params: GenerationParams | None = None,
                 generator: torch.Generator | None = None) -> tuple[list[int], Tensor | None]:
-        self.scores = []
+        self.scores, self.parents = [], None
         if k <= 0 or not context:
             return [], None
         self.trie.sync(context)
         k = min(k, int(self.per_match * self.trie.match_length()))
+        if self.width > 1:  # the best nodes first: any prefix of them is a tree
+            draft, self.parents, self.scores = self.trie.tree(k, self.min_score, self.width)
+            return draft, None
         draft, shares = self.trie.draft(k)
         score = 1.0
         for i, share in enumerate(shares):

@@ -28,7 +28,8 @@ SUMMARY_PROMPT = "Write a detailed summary of the following document, section by
 PUBLIC_DOCUMENT = "/usr/share/common-licenses/Apache-2.0"
 PUBLIC_PROMPT = ("What does this licence let me do with the software, and what do I have to do in return? "
                  "Go through it section by section.\n\n")
-MODES = {"plain": "off", "prompt_lookup": "prompt-lookup", "suffix": "suffix", "auto": "auto"}
+MODES = {"plain": "off", "prompt_lookup": "prompt-lookup", "suffix": "suffix", "suffix_tree": "suffix-tree",
+         "auto": "auto"}
 PEERS = Path.home() / ".cache" / "parley-peers"
 PASS_TOKENS = (1, 2, 3, 5, 9, 17)
 
