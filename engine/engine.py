@@ -66,7 +66,9 @@ class Engine:
                                   native=native)
         self.prompt_lookup = PromptLookup()
         self.suffix_match = SuffixMatch()
-        self.suffix_tree = SuffixMatch(width=3)  # several candidates per pass, where the target runs tree passes
+        # several candidates per pass where the target runs tree passes: up to 3 per node, 2 nodes per token of
+        # depth, down to a running probability of 0.1 (the pass-cost model then keeps those that pay)
+        self.suffix_tree = SuffixMatch(width=3, nodes=2.0, min_score=0.1)
         self.pass_cost = PassCost()  # what a round costs by pass length, measured as replies run
         self.target.tuner = shared_tuner()
         self.draft = draft

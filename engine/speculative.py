@@ -165,9 +165,10 @@ class SuffixMatch:
 
     name = "suffix match"
 
-    def __init__(self, depth: int = 24, per_match: float = 2.0, min_score: float = 0.2, width: int = 1) -> None:
+    def __init__(self, depth: int = 24, per_match: float = 2.0, min_score: float = 0.2, width: int = 1,
+                 nodes: float = 1.0) -> None:
         self.trie = SuffixTrie(depth)
-        self.per_match, self.min_score, self.width = per_match, min_score, width
+        self.per_match, self.min_score, self.width, self.nodes = per_match, min_score, width, nodes
         self.name = "suffix tree" if width > 1 else "suffix match"
         self.scores: list[float] = []  # the running probability after each guess of the last proposal
         # with width > 1, each guess's parent in the last proposal (-1: the context's end; else an earlier
@@ -181,8 +182,9 @@ class SuffixMatch:
             return [], None
         self.trie.sync(context)
         k = min(k, int(self.per_match * self.trie.match_length()))
-        if self.width > 1:  # the best nodes first: any prefix of them is a tree
-            draft, self.parents, self.scores = self.trie.tree(k, self.min_score, self.width)
+        if self.width > 1:  # the best nodes first (any prefix of them is a tree), `nodes` per token of depth
+            draft, self.parents, self.scores = self.trie.tree(min(16, int(self.nodes * k)), self.min_score,
+                                                              self.width, depth=k)
             return draft, None
         draft, shares = self.trie.draft(k)
         score = 1.0

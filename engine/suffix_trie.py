@@ -142,41 +142,43 @@ class SuffixTrie:
             active = self._advance(active, x)
         return draft, shares
 
-    def tree(self, k: int, min_score: float, width: int = 3) -> tuple[list[int], list[int], list[float]]:
+    def tree(self, k: int, min_score: float, width: int = 3, depth: int | None = None
+             ) -> tuple[list[int], list[int], list[float]]:
         """Up to k guessed tokens continuing `ids` as a tree: the nodes whose running probability (the product
         of each guess's share of its match's continuations) is highest, at least `min_score`, each node's
         candidates the `width` most frequent continuations of the longest earlier match of its path.
 
         Returns tokens, parents (-1: a child of the context's end; else an earlier index) and each node's
         running probability, in the order the nodes were chosen (best first, a parent before its children,
-        so any prefix is a tree). With one candidate per node this is `draft`'s chain."""
+        so any prefix is a tree), none deeper than `depth`. With one candidate per node this is `draft`'s chain."""
         import heapq
 
         count, out = self._count, self._out
         tokens: list[int] = []
         parents: list[int] = []
         scores: list[float] = []
-        heap: list[tuple[float, int, int, int, list[int]]] = []  # (-score, order, parent, token, parent's suffixes)
-        order = 0
+        heap: list[tuple[float, int, int, int, int, list[int]]] = []  # (-score, order, parent, depth, token,
+        order = 0  # the parent's suffixes)
+        depth = depth or k
 
-        def offer(parent: int, score: float, active: list[int]) -> None:
+        def offer(parent: int, score: float, d: int, active: list[int]) -> None:
             nonlocal order
             node = next((a for a in reversed(active) if out[a] > 0), 0)  # the longest match with a follower
-            if node == 0:
+            if node == 0 or d > depth:
                 return
             for x, c in self._children(node, width):
                 share = count[c] / out[node]
                 if score * share >= min_score:
-                    heapq.heappush(heap, (-score * share, order, parent, x, active))
+                    heapq.heappush(heap, (-score * share, order, parent, d, x, active))
                     order += 1
 
-        offer(-1, 1.0, self._active)
+        offer(-1, 1.0, 1, self._active)
         while heap and len(tokens) < k:
-            neg, _, parent, x, active = heapq.heappop(heap)
+            neg, _, parent, d, x, active = heapq.heappop(heap)
             tokens.append(x)
             parents.append(parent)
             scores.append(-neg)
-            offer(len(tokens) - 1, -neg, self._advance(active, x))
+            offer(len(tokens) - 1, -neg, d + 1, self._advance(active, x))
         return tokens, parents, scores
 
     def _children(self, node: int, width: int) -> list[tuple[int, int]]:
