@@ -110,6 +110,7 @@ class Session:
             if scores:  # verify the guesses worth their share of a longer pass (measured costs); at least
                 # one, so the cost of longer passes and how well guesses land go on being measured
                 del draft[max(1, best_length(scores, cost, (landed + 1) / (expected + 1))):]
+                del draft[target.max_len - len(context):]  # a tree's nodes (more than k) each take a slot
             # forward + verify: one target pass scores every guess and decides one token past them
             verifying = round_clock()
             if parents and target.trees and any(p != i - 1 for i, p in enumerate(parents[: len(draft)])):

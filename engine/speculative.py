@@ -4,8 +4,9 @@
 tokens are distributed exactly as if the target had sampled them one at a time from `sampling.probs`.
 Three drafters sit behind one protocol: `PromptLookup` (copy what followed the newest earlier match of
 the last few tokens; no model), `SuffixMatch` (the most frequent continuation of the longest earlier
-match, from a suffix trie over the whole conversation; no model) and `DraftModel` (a small model with
-the same tokenizer).
+match, from a suffix trie over the whole conversation, or a tree of the likeliest ones; no model) and
+`DraftModel` (a small model with the same tokenizer). `verify_tree` is the rule for a tree of
+deterministic guesses.
 """
 
 from __future__ import annotations
@@ -155,7 +156,9 @@ class SuffixMatch:
     """Guesses from everything said so far (the pasted document, every turn, the replies already given):
     the continuation that most often followed the longest earlier match of the context's end, chained
     token by token (SuffixDecoding's single best path). Deterministic, so verification treats q as
-    one-hot; proposes nothing when nothing matches.
+    one-hot; proposes nothing when nothing matches. With `width` > 1 it proposes a tree instead: the
+    candidates with the highest running probability, up to `width` per node and `nodes` per token of
+    depth (`parents` says which guess each follows), for a target that verifies a tree in one pass.
 
     Draft length adapts to the evidence: at most `per_match` tokens per token of match (a one-token
     match of "the" is worth a guess or two, a 12-token match a long copy), and the chain stops where
