@@ -81,9 +81,11 @@ def test_greedy_speculation_is_token_identical(quant, monkeypatch):
     # Much went through verification (measured on INT4 over the six prompts: 390 accepted by prompt lookup,
     # 335 by suffix match, 27 by the self-draft, which the reply loop pauses after misses).
     n = NEW_TOKENS_BY_QUANT[quant] * len(prompts) // len(PROMPTS)
-    assert checked["prompt-lookup"] >= n // 2 and checked["suffix"] >= n // 2 and checked["draft"] >= n // 8, checked
+    # Trees were verified, and some kept a candidate other than the first (measured on INT4 over the six
+    # prompts: 59 tree passes, 16 of them keeping another branch, 383 guesses accepted).
     assert checked["suffix-tree"] >= n // 2 and branches["tree passes"] >= 10, (checked, branches)
     assert branches["kept another branch"] >= 2, branches
+    assert checked["prompt-lookup"] >= n // 2 and checked["suffix"] >= n // 2 and checked["draft"] >= n // 8, checked
 
 
 def kept_branches(eng) -> Counter:
