@@ -77,8 +77,8 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     for name, kind, default, text in SAMPLING_FLAGS:
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None,
                        help=f"{text}{'; ' if text else ''}default: {default}")
-    p.add_argument("--speculation", choices=("off", "prompt-lookup", "suffix", "draft", "auto"), default=None,
-                   help="default: auto")
+    p.add_argument("--speculation", choices=("off", "prompt-lookup", "suffix", "suffix-tree", "draft", "auto"),
+                   default=None, help="default: auto")
 
 
 def params_from_args(args: argparse.Namespace, base=None):

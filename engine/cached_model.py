@@ -69,6 +69,7 @@ class CachedModel:
         self.graphed = GraphedStep(self._graph_step, self.device, max_len) if graphed else None
         self.ids: list[int] = []
         self._fed: list[int] = []  # the last forward's tokens, whose KV sits uncommitted after `ids`
+        self._tree: list[int] = []  # the last tree pass's parents
 
     @property
     def max_len(self) -> int:
@@ -106,8 +107,47 @@ class CachedModel:
             t = time.perf_counter()
             logits = model(ids, pos, self.cache, last_only, window)[0]
             self.tuner.after_step(n, time.perf_counter() - t, len(tokens))
-        self._fed = list(tokens)
+        self._fed, self._tree = list(tokens), []
         return logits
+
+    @property
+    def trees(self) -> bool:
+        """Whether `forward_tree` runs here (the native step; elsewhere drafters propose chains)."""
+        return self.native is not None and hasattr(self.native, "tree")
+
+    @torch.inference_mode()
+    def forward_tree(self, tokens: list[int], parents: list[int]) -> Tensor:
+        """Logits [N, V] for a tree of tokens after `ids` (tokens[0] the root, parents[m] < m the node that
+        tokens[m] follows); node m's KV is written at slot len(ids) + m until `commit_path` moves the kept
+        path's into place. Each row equals, bitwise, the linear pass over the path to its node."""
+        start = len(self.ids)
+        if start + len(tokens) > self.max_len:
+            raise ValueError(f"{start + len(tokens)} positions exceed the context window of {self.max_len}")
+        assert self.native is not None
+        if self.tuner is not None:
+            n = self.tuner.before_step()
+            t = time.perf_counter()
+            logits = self.native.tree(tokens, parents, start, self.cache)
+            self.tuner.after_step(n, time.perf_counter() - t, len(tokens))
+        else:
+            logits = self.native.tree(tokens, parents, start, self.cache)
+        self._fed, self._tree = list(tokens), list(parents)
+        return logits
+
+    def commit_path(self, nodes: list[int]) -> None:
+        """Claim the KV of a path of the last tree (nodes[0] = 0, each the next one's parent): its slots are
+        moved to the positions the path's tokens now hold, then committed."""
+        parents, fed = self._tree, self._fed
+        if nodes and (nodes[0] != 0 or any(parents[b] != a for a, b in zip(nodes, nodes[1:], strict=False))):
+            raise ValueError(f"cannot commit nodes {nodes}: not a path from the root of the last tree")
+        start = len(self.ids)
+        moved = [(start + m, start + d) for d, m in enumerate(nodes) if m != d]
+        if moved:
+            assert self.native is not None
+            self.native.move_slots(self.cache, [s for s, _ in moved], [d for _, d in moved])
+        self._fed = [fed[m] for m in nodes]
+        self._tree = []
+        self.commit(len(nodes))
 
     def _graph_step(self, ids: Tensor, pos: Tensor, *, window: int) -> Tensor:
         return self.step(ids, pos, self.cache, False, window)

@@ -66,6 +66,9 @@ class Engine:
                                   native=native)
         self.prompt_lookup = PromptLookup()
         self.suffix_match = SuffixMatch()
+        # several candidates per pass where the target runs tree passes: up to 3 per node, 2 nodes per token of
+        # depth, down to a running probability of 0.1 (the pass-cost model then keeps those that pay)
+        self.suffix_tree = SuffixMatch(width=3, nodes=2.0, min_score=0.1)
         self.pass_cost = PassCost()  # what a round costs by pass length, measured as replies run
         self.target.tuner = shared_tuner()
         self.draft = draft
@@ -172,6 +175,8 @@ class Engine:
             return None
         if mode == "draft" or (mode == "auto" and self.draft is not None):
             return self.draft
+        if mode == "suffix-tree" and self.target.trees:
+            return self.suffix_tree
         return self.prompt_lookup if mode == "prompt-lookup" else self.suffix_match
 
     def reset_cache(self) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 # The KV cache type is the engine's (Engine.set_kv_cache, between replies), not a live parameter.
 KV_CACHE_CHOICES = ("auto", "fp", "bf16", "int8", "k8v4")
-SPECULATION_MODES = ("off", "prompt-lookup", "suffix", "draft", "auto")
+SPECULATION_MODES = ("off", "prompt-lookup", "suffix", "suffix-tree", "draft", "auto")
 
 
 # One range everywhere (command line, API, panel): OpenAI's. Above 2 the text is noise on every model we run.
@@ -30,7 +30,7 @@ class GenerationParams:
     presence_penalty: float = 0.0
     max_new_tokens: int = 512
     seed: int | None = None
-    speculation: str = "auto"  # off | prompt-lookup | suffix | draft | auto
+    speculation: str = "auto"  # off | prompt-lookup | suffix | suffix-tree | draft | auto
     draft_tokens: int = 8  # upper bound of the adaptive draft length
 
     def problems(self) -> list[tuple[str, str]]:

@@ -16,7 +16,7 @@ from .events import Done, Event, Notice, Prefill, Stats, TextDelta
 from .params import GenerationParams, checked
 from .reply_stats import ReplyStats
 from .speculation_pay import PayCheck, best_length
-from .speculative import AdaptiveDraftLength, verify
+from .speculative import AdaptiveDraftLength, depth_first, verify, verify_tree
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -106,14 +106,20 @@ class Session:
                 k = 0  # auto: measure one plain round to compare with, or drafting was measured not to pay
             draft, q = drafter.propose(context, k, params, generator) if k > 0 else ([], None)
             scores = getattr(drafter, "scores", None) if draft and q is None else None
+            parents = getattr(drafter, "parents", None) if scores else None
             if scores:  # verify the guesses worth their share of a longer pass (measured costs); at least
                 # one, so the cost of longer passes and how well guesses land go on being measured
                 del draft[max(1, best_length(scores, cost, (landed + 1) / (expected + 1))):]
+                del draft[target.max_len - len(context):]  # a tree's nodes (more than k) each take a slot
             # forward + verify: one target pass scores every guess and decides one token past them
             verifying = round_clock()
-            logits = target.forward([pending, *draft])
-            new = verify(sampling.probs(logits, params, history=context, drafted=draft), draft, q, generator)
-            adapt.update(len(draft), len(new) - 1)
+            if parents and target.trees and any(p != i - 1 for i, p in enumerate(parents[: len(draft)])):
+                new, path, depth = self._verify_tree(draft, parents[: len(draft)], pending, context, params, generator)
+            else:
+                logits = target.forward([pending, *draft])
+                new = verify(sampling.probs(logits, params, history=context, drafted=draft), draft, q, generator)
+                path, depth = None, len(draft)
+            adapt.update(depth, len(new) - 1)
             done = round_clock()
             cost.add(1 + len(draft), done - verifying)  # the pass; the drafting is judged with the round
             pay.add(len(draft), len(new), done - started)
@@ -121,7 +127,8 @@ class Session:
                 landed, expected = landed + len(new) - 1, expected + sum(scores[: len(draft)])
             # commit what is shown: up to a stop token (whose KV is never claimed) and the budget
             shown, stopped = cut(new, eng.tokenizer.stop_ids, budget)
-            target.commit(1 + len(shown) if stopped else len(shown))
+            kept = 1 + len(shown) if stopped else len(shown)
+            target.commit_path(path[:kept]) if path else target.commit(kept)
             figures.drafter = drafter.name if drafter and (figures.drafter or draft) else figures.drafter
             figures.speculation_note = pay.note
             yield from self._show(shown, min(len(shown), len(new) - 1), len(draft), stream, figures)
@@ -136,6 +143,25 @@ class Session:
             yield TextDelta(tail)
         yield self._stats(figures, pending=reason != "eos")  # the final figures: the last Stats of a reply
         yield Done(reason, detail)  # type: ignore[arg-type]
+
+    def _verify_tree(self, draft: list[int], parents: list[int], pending: int, context: list[int],
+                     params: GenerationParams, generator) -> tuple[list[int], list[int], int]:
+        """One tree pass over the guesses (parents[i]: the guess draft[i] follows, -1 the pending token), then
+        `verify_tree`: the tokens decided, the path of pass nodes they keep, and the tree's depth."""
+        order = depth_first(parents)
+        at = {i: n + 1 for n, i in enumerate(order)}  # guess -> node of the pass (node 0: the pending token)
+        tokens = [pending, *(draft[i] for i in order)]
+        nodes = [-1, *(at.get(parents[i], 0) for i in order)]
+        logits = self.engine.target.forward_tree(tokens, nodes)
+        depth = [0] * len(nodes)
+        for m in range(1, len(nodes)):
+            depth[m] = depth[nodes[m]] + 1
+
+        def dist(node: int, emitted: list[int]):  # the row plain decoding would draw from after `emitted`
+            return sampling.probs(logits[node : node + 1], params, history=[*context, *emitted])[0]
+
+        new, path = verify_tree(dist, tokens, nodes, generator)
+        return new, path, max(depth)
 
     def _prefill(self, ids: list[int], cancel: threading.Event) -> Iterator[Event]:
         """Put `ids` in the cache chunk by chunk; more than a chunk to read reports `Prefill` progress (tokens of

@@ -4,12 +4,14 @@
 tokens are distributed exactly as if the target had sampled them one at a time from `sampling.probs`.
 Three drafters sit behind one protocol: `PromptLookup` (copy what followed the newest earlier match of
 the last few tokens; no model), `SuffixMatch` (the most frequent continuation of the longest earlier
-match, from a suffix trie over the whole conversation; no model) and `DraftModel` (a small model with
-the same tokenizer).
+match, from a suffix trie over the whole conversation, or a tree of the likeliest ones; no model) and
+`DraftModel` (a small model with the same tokenizer). `verify_tree` is the rule for a tree of
+deterministic guesses.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
@@ -63,6 +65,46 @@ def verify(p: Tensor, draft: list[int], q: Tensor | None, generator: torch.Gener
     return out
 
 
+def verify_tree(dist: Callable[[int, list[int]], Tensor], tokens: list[int], parents: list[int],
+                generator: torch.Generator) -> tuple[list[int], list[int]]:
+    """Tokens to emit for a tree of deterministic guesses, and the path of nodes they keep.
+
+    tokens/parents: node 0 is the pending token (parents[0] = -1), node m a guess following parents[m] < m.
+    dist(node, emitted): the target's distribution at `node` after the tokens emitted so far (its path).
+    At each node draw x from the target; if a child guessed x, descend into it, else emit x and stop. Every
+    emitted token is thus drawn from exactly the distribution plain decoding would draw it from (the
+    one-candidate rule with q one-hot, generalised): the output law is the target's. Temperature 0 is the
+    argmax at each node."""
+    kids: dict[int, dict[int, int]] = {}
+    for m in range(1, len(tokens)):
+        kids.setdefault(parents[m], {}).setdefault(tokens[m], m)
+    node, path, out = 0, [0], []
+    while True:
+        x = sample(dist(node, out), generator)
+        out.append(x)
+        child = kids.get(node, {}).get(x)
+        if child is None:
+            return out, path
+        path.append(child)
+        node = child
+
+
+def depth_first(parents: list[int]) -> list[int]:
+    """An order of a tree's guesses (parents[i] < i, -1: the pending token) that visits each node's children
+    in index order, depth first: the guesses a drafter chose first (its likeliest path) come first, as a chain
+    the native step reads from the cache as is, and each other branch's nodes together."""
+    kids: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        kids.setdefault(p, []).append(i)
+    order: list[int] = []
+    stack = list(reversed(kids.get(-1, [])))
+    while stack:
+        i = stack.pop()
+        order.append(i)
+        stack.extend(reversed(kids.get(i, [])))
+    return order
+
+
 class PromptLookup:
     """Guesses from the context itself: find the newest earlier occurrence of the last n tokens
     (longest n first, max_n down to min_n) and propose the tokens that followed it. Costs no model
@@ -114,7 +156,9 @@ class SuffixMatch:
     """Guesses from everything said so far (the pasted document, every turn, the replies already given):
     the continuation that most often followed the longest earlier match of the context's end, chained
     token by token (SuffixDecoding's single best path). Deterministic, so verification treats q as
-    one-hot; proposes nothing when nothing matches.
+    one-hot; proposes nothing when nothing matches. With `width` > 1 it proposes a tree instead: the
+    candidates with the highest running probability, up to `width` per node and `nodes` per token of
+    depth (`parents` says which guess each follows), for a target that verifies a tree in one pass.
 
     Draft length adapts to the evidence: at most `per_match` tokens per token of match (a one-token
     match of "the" is worth a guess or two, a 12-token match a long copy), and the chain stops where
@@ -124,18 +168,27 @@ class SuffixMatch:
 
     name = "suffix match"
 
-    def __init__(self, depth: int = 24, per_match: float = 2.0, min_score: float = 0.2) -> None:
+    def __init__(self, depth: int = 24, per_match: float = 2.0, min_score: float = 0.2, width: int = 1,
+                 nodes: float = 1.0) -> None:
         self.trie = SuffixTrie(depth)
-        self.per_match, self.min_score = per_match, min_score
+        self.per_match, self.min_score, self.width, self.nodes = per_match, min_score, width, nodes
+        self.name = "suffix tree" if width > 1 else "suffix match"
         self.scores: list[float] = []  # the running probability after each guess of the last proposal
+        # with width > 1, each guess's parent in the last proposal (-1: the context's end; else an earlier
+        # guess): several candidates where the counts leave the next token in doubt, verified in one pass
+        self.parents: list[int] | None = None
 
     def propose(self, context: list[int], k: int, params: GenerationParams | None = None,
                 generator: torch.Generator | None = None) -> tuple[list[int], Tensor | None]:
-        self.scores = []
+        self.scores, self.parents = [], None
         if k <= 0 or not context:
             return [], None
         self.trie.sync(context)
         k = min(k, int(self.per_match * self.trie.match_length()))
+        if self.width > 1:  # the best nodes first (any prefix of them is a tree), `nodes` per token of depth
+            draft, self.parents, self.scores = self.trie.tree(min(16, int(self.nodes * k)), self.min_score,
+                                                              self.width, depth=k)
+            return draft, None
         draft, shares = self.trie.draft(k)
         score = 1.0
         for i, share in enumerate(shares):

@@ -7,8 +7,9 @@ guess chain is worth extending. Every substring of length <= depth is a path fro
 appending a token only extends the `depth` paths of the current suffixes (O(depth) dict operations,
 no rebuild as a pasted document or a reply grows), and truncating undoes exactly those steps.
 
-Memory: at most `depth` nodes per token (arrays of ints plus one dict entry each), ~2 MB per
-1,000 tokens at depth 24.
+Memory: at most `depth` nodes per token (arrays of ints plus one dict entry each), ~2.5 MB per
+1,000 tokens at depth 24. Each node also links to its newest child and next sibling, so `tree` can list a
+match's continuations without scanning the dict.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ class SuffixTrie:
         self._out = array("l", [0])  # occurrences followed by a token (sum of the children's counts)
         self._best = array("l", [-1])  # the child token seen most often (the newest among equals); -1: none
         self._best_count = array("l", [0])  # that child's count
+        self._token = array("l", [-1])  # the token that leads to the node
+        self._first = array("l", [-1])  # the node's newest child (-1: none); siblings chain through _next
+        self._next = array("l", [-1])
         self._active: list[int] = [0]  # the node of each suffix of `ids`, by length 0..depth-1
 
     def __len__(self) -> int:
@@ -62,6 +66,10 @@ class SuffixTrie:
                 out.append(0)
                 best.append(-1)
                 best_count.append(0)
+                self._token.append(token)
+                self._first.append(-1)
+                self._next.append(self._first[node])
+                self._first[node] = c
             n = count[c] = count[c] + 1
             out[node] += 1
             if n >= best_count[node]:
@@ -134,6 +142,58 @@ class SuffixTrie:
             shares.append(share)
             active = self._advance(active, x)
         return draft, shares
+
+    def tree(self, k: int, min_score: float, width: int = 3, depth: int | None = None
+             ) -> tuple[list[int], list[int], list[float]]:
+        """Up to k guessed tokens continuing `ids` as a tree: the nodes whose running probability (the product
+        of each guess's share of its match's continuations) is highest, at least `min_score`, each node's
+        candidates the `width` most frequent continuations of the longest earlier match of its path.
+
+        Returns tokens, parents (-1: a child of the context's end; else an earlier index) and each node's
+        running probability, in the order the nodes were chosen (best first, a parent before its children,
+        so any prefix is a tree), none deeper than `depth`. With one candidate per node this is `draft`'s chain."""
+        import heapq
+
+        count, out = self._count, self._out
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
+        heap: list[tuple[float, int, int, int, int, list[int]]] = []  # (-score, order, parent, depth, token,
+        order = 0  # the parent's suffixes)
+        depth = depth or k
+
+        def offer(parent: int, score: float, d: int, active: list[int]) -> None:
+            nonlocal order
+            node = next((a for a in reversed(active) if out[a] > 0), 0)  # the longest match with a follower
+            if node == 0 or d > depth:
+                return
+            for x, c in self._children(node, width):
+                share = count[c] / out[node]
+                if score * share >= min_score:
+                    heapq.heappush(heap, (-score * share, order, parent, d, x, active))
+                    order += 1
+
+        offer(-1, 1.0, 1, self._active)
+        while heap and len(tokens) < k:
+            neg, _, parent, d, x, active = heapq.heappop(heap)
+            tokens.append(x)
+            parents.append(parent)
+            scores.append(-neg)
+            offer(len(tokens) - 1, -neg, d + 1, self._advance(active, x))
+        return tokens, parents, scores
+
+    def _children(self, node: int, width: int) -> list[tuple[int, int]]:
+        """The node's `width` most frequent continuations (token, child), the best child first."""
+        count, token, nxt = self._count, self._token, self._next
+        kids = []
+        c = self._first[node]
+        while c >= 0:
+            if count[c] > 0:
+                kids.append((token[c], c))
+            c = nxt[c]
+        best = self._best[node]
+        kids.sort(key=lambda tc: (tc[0] != best, -count[tc[1]]))  # stable: the newest first among equals
+        return kids[:width]
 
     def match_length(self, tail: list[int] | None = None) -> int:
         """Tokens in the longest suffix of `ids` + `tail` that occurred earlier followed by a token."""

@@ -1000,50 +1000,153 @@ static void attend_combine(const float* parts, int nblocks, int nq, int D, float
 // The first key position p attends: p - window + 1 under a sliding window (window > 0), else 0.
 static inline int first_key(int p, int window) { return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0; }
 
+// ---------------------------------------------------------------------------------------------------
+// tree passes: several draft candidates verified in one pass
+//
+// Node 0 of a tree pass sits at position `base`; every other node's parent is an earlier node and its position
+// is its parent's + 1 (rotary and the attention range use it). Node m writes its K/V to slot base + m and
+// attends, below `base`, the cache as is and, from `base` on, its ancestors. The nodes of the chain (node m at
+// depth m, each the child of the one before it: what a linear pass holds) find their ancestors at slot ==
+// position, so they read the cache exactly as a linear pass does. Every other node belongs to one branch (the
+// path of a leaf, its nodes in index order = depth order); in each key block that holds an ancestor of the
+// branch off the chain, the block's rows are gathered in stored form into a one-head scratch cache at the same
+// offsets in the block and attended by the same code. Blocks stay blocks of positions, so a node's logits are
+// bitwise those of the linear pass over its path.
+
+struct Tree {
+    int base;             // position (and slot) of node 0
+    const int* group;     // per node: -1 on the chain, else its branch
+    int ngroups;
+    const int* offsets;   // [ngroups + 1]: branch g's nodes are members[offsets[g] .. offsets[g + 1])
+    const int* members;
+    const int* fork;      // per branch: the first depth at which its leaf's path leaves the chain
+    const int* path;      // [ngroups][stride]: the node at each depth of the branch's leaf path
+    const int* depth;     // per branch: its leaf's depth
+    int stride;
+    char* scratch;        // per thread: scratch_bytes of gathered rows
+    size_t scratch_bytes;
+};
+
+// Bytes of one row of each cache tensor (k, v, ks, vs, vm) in the stored form; 0: the kind has no such tensor.
+static void row_bytes(int kind, int D, size_t* b) {
+    const size_t e = kind == KV_F32 ? 4 : (kind == KV_BF16 ? 2 : 1);
+    b[0] = D * e;
+    b[1] = kind == KV_K8V4 ? D / 2 : D * e;
+    b[2] = kind >= KV_INT8 ? 4 : 0;
+    b[3] = kind == KV_INT8 ? 4 : (kind == KV_K8V4 ? (size_t)(D / 32) * 4 : 0);
+    b[4] = kind == KV_K8V4 ? (size_t)(D / 32) * 4 : 0;
+}
+
+// n consecutive rows from row `src` of `from` to row `dst` of `to` (rows of one layout, all tensors).
+static void copy_rows(int kind, int D, const KV* from, size_t src, const KV* to, size_t dst, int n) {
+    size_t b[5];
+    row_bytes(kind, D, b);
+    const void* f[5] = {from->k, from->v, from->ks, from->vs, from->vm};
+    void* t[5] = {to->k, to->v, to->ks, to->vs, to->vm};
+    for (int i = 0; i < 5; i++)
+        if (b[i]) std::memmove((char*)t[i] + dst * b[i], (const char*)f[i] + src * b[i], (size_t)n * b[i]);
+}
+
+// Scratch for one head's block of ATT_BLOCK rows of every tensor.
+static size_t gather_bytes(int kind, int D) {
+    size_t b[5], total = 0;
+    row_bytes(kind, D, b);
+    for (int i = 0; i < 5; i++) total += (b[i] * ATT_BLOCK + 63) / 64 * 64;
+    return total;
+}
+
+// Rows [j0, j1) of block b of kv head h as branch g sees them, into the one-head cache `out` (max_len ATT_BLOCK,
+// position j at row j - b * ATT_BLOCK) laid out in `mem`.
+static void gather_block(const Cache* c, const KV* kv, int h, int D, const Tree* t, int g, int b, int j0, int j1,
+                         char* mem, KV* out) {
+    size_t rb[5];
+    row_bytes(c->kind, D, rb);
+    void** dst[5] = {&out->k, &out->v, (void**)&out->ks, (void**)&out->vs, (void**)&out->vm};
+    for (int i = 0; i < 5; i++) {
+        *dst[i] = rb[i] ? (void*)mem : nullptr;
+        mem += (rb[i] * ATT_BLOCK + 63) / 64 * 64;
+    }
+    const size_t row0 = (size_t)h * c->max_len, shift = (size_t)b * ATT_BLOCK;
+    const int fork = t->base + t->fork[g];  // positions from here on are the branch's own nodes
+    if (j0 < fork) copy_rows(c->kind, D, kv, row0 + j0, out, j0 - shift, std::min(j1, fork) - j0);
+    for (int j = std::max(j0, fork); j < j1; j++)
+        copy_rows(c->kind, D, kv, row0 + t->base + t->path[(size_t)g * t->stride + j - t->base], out, j - shift, 1);
+}
+
+// The partials in key block b of kv head h for the nodes ms[0..nm) (ascending positions), reading the keys
+// through a view: position j's row of `vkv` is vh * vc->max_len + j - shift. Consecutive nodes that start the
+// block at the same key share its int8 keys.
+static void attend_nodes(const Cache* vc, const KV* vkv, int vh, int shift, int h, int b, const int* ms, int nm,
+                         const int64_t* positions, int KVH, int D, int G, int window, const float* q, int ldq,
+                         float scale, int nblk, float* parts, float* s) {
+    const size_t part_stride = (size_t)G * (D + 2);
+    auto part = [&](int m) { return parts + ((size_t)m * KVH + h) * nblk * part_stride + b * part_stride; };
+    for (int i = 0; i < nm; i++) {
+        const int m = ms[i], p = (int)positions[m], lo = first_key(p, window);
+        if (b * ATT_BLOCK > p || (b + 1) * ATT_BLOCK <= lo) continue;
+#if PARLEY_VNNI
+        if (vc->kind >= KV_INT8 && D == 64 && G <= 8) {  // the following nodes that start here share the keys
+            const int j0 = std::max(lo, b * ATT_BLOCK);
+            int np = 0, n = 0, mk[ATT_GROUP], j1[ATT_GROUP];
+            const float* qs[ATT_GROUP];
+            for (int i2 = i; i2 < nm && np < ATT_GROUP; i2++) {
+                const int m2 = ms[i2], p2 = (int)positions[m2];
+                if (b * ATT_BLOCK > p2 || std::max(first_key(p2, window), b * ATT_BLOCK) != j0) break;
+                mk[np] = m2;
+                j1[np] = std::min(p2 + 1, (b + 1) * ATT_BLOCK);
+                qs[np] = q + (size_t)m2 * ldq + h * G * D;
+                n = std::max(n, j1[np++] - j0);
+            }
+            if (np > 1) {
+                scores_int8_shared(vkv, (size_t)vh * vc->max_len, j0 - shift, n, np, G, qs, scale, s);
+                for (int k = 0; k < np; k++)
+                    attend_scored(vc, vkv, vh, j0 - shift, j1[k] - shift, D, G, part(mk[k]), s + (size_t)k * G * ATT_BLOCK);
+                i += np - 1;
+                continue;
+            }
+        }
+#endif
+        attend_block(vc, vkv, vh, std::max(lo, b * ATT_BLOCK) - shift, std::min(p + 1, (b + 1) * ATT_BLOCK) - shift,
+                     D, G, q + (size_t)m * ldq + h * G * D, scale, part(m), s);
+    }
+}
+
 // Every (kv head, key block, position) partial of a pass: parts [M][KVH][nblk][G][D + 2], slot b of position m
 // holding keys [max(b * ATT_BLOCK, first key), min((b + 1) * ATT_BLOCK, p + 1)). Work items are (kv head, key
-// block, up to 32 positions in turn), so a block is read once for those positions. A partial depends only on
-// its position, never on the pass. Queries: head i of position m at q + m * ldq + i * D. Inside a parallel region.
+// block, up to 32 positions in turn, or one branch of a tree), so a block is read once for those positions. A
+// partial depends only on its position (and, in a tree, the path to it), never on the pass. Queries: head i of
+// position m at q + m * ldq + i * D. `tree`: null for a linear pass. Inside a parallel region.
 static void attend_blocks(const Cache* c, const KV* kv, int M, const int64_t* positions, int H, int KVH, int D,
-                          int window, const float* q, int ldq, float scale, int nblk, float* parts, float* scores) {
-    const int G = H / KVH, mgroups = (M + 31) / 32;
-    const size_t part_stride = (size_t)G * (D + 2);
+                          int window, const float* q, int ldq, float scale, int nblk, float* parts, float* scores,
+                          const Tree* tree = nullptr) {
+    const int G = H / KVH, mgroups = (M + 31) / 32, ngroups = mgroups + (tree ? tree->ngroups : 0);
 #pragma omp for schedule(dynamic, 1)
-    for (int t = 0; t < KVH * nblk * mgroups; t++) {
-        const int h = t / (nblk * mgroups), b = t / mgroups % nblk, g = t % mgroups, mend = std::min(M, g * 32 + 32);
+    for (int t = 0; t < KVH * nblk * ngroups; t++) {
+        const int h = t / (nblk * ngroups), b = t / ngroups % nblk, g = t % ngroups;
         float* s = scores + (size_t)omp_get_thread_num() * ATT_SCORES * ATT_BLOCK;
-        for (int m = g * 32; m < mend; m++) {
-            const int p = (int)positions[m], lo = first_key(p, window);
-            if (b * ATT_BLOCK > p || (b + 1) * ATT_BLOCK <= lo) continue;
-#if PARLEY_VNNI
-            if (c->kind >= KV_INT8 && D == 64 && G <= 8) {  // the following positions that start here share the keys
-                const int j0 = std::max(lo, b * ATT_BLOCK);
-                int np = 0, n = 0, ms[ATT_GROUP], j1[ATT_GROUP];
-                const float* qs[ATT_GROUP];
-                for (int m2 = m; m2 < mend && np < ATT_GROUP; m2++) {
-                    const int p2 = (int)positions[m2];
-                    if (b * ATT_BLOCK > p2 || std::max(first_key(p2, window), b * ATT_BLOCK) != j0) break;
-                    ms[np] = m2;
-                    j1[np] = std::min(p2 + 1, (b + 1) * ATT_BLOCK);
-                    qs[np] = q + (size_t)m2 * ldq + h * G * D;
-                    n = std::max(n, j1[np++] - j0);
-                }
-                if (np > 1) {
-                    scores_int8_shared(kv, (size_t)h * c->max_len, j0, n, np, G, qs, scale, s);
-                    for (int k = 0; k < np; k++)
-                        attend_scored(c, kv, h, j0, j1[k], D, G,
-                                      parts + ((size_t)ms[k] * KVH + h) * nblk * part_stride + b * part_stride,
-                                      s + (size_t)k * G * ATT_BLOCK);
-                    m += np - 1;
-                    continue;
-                }
-            }
-#endif
-            attend_block(c, kv, h, std::max(lo, b * ATT_BLOCK), std::min(p + 1, (b + 1) * ATT_BLOCK), D, G,
-                         q + (size_t)m * ldq + h * G * D, scale,
-                         parts + ((size_t)m * KVH + h) * nblk * part_stride + b * part_stride,
-                         s);
+        int ms[32], nm = 0;
+        if (g < mgroups) {  // positions in turn (a tree's chain nodes)
+            for (int m = g * 32; m < std::min(M, g * 32 + 32); m++)
+                if (!tree || tree->group[m] < 0) ms[nm++] = m;
+            attend_nodes(c, kv, h, 0, h, b, ms, nm, positions, KVH, D, G, window, q, ldq, scale, nblk, parts, s);
+            continue;
         }
+        const int br = g - mgroups, *mem = tree->members + tree->offsets[br];
+        const int n = tree->offsets[br + 1] - tree->offsets[br];
+        const int leaf_p = tree->base + tree->depth[br], fork = tree->base + tree->fork[br];
+        const int j0 = std::max(b * ATT_BLOCK, first_key((int)positions[mem[0]], window));
+        const int j1 = std::min(leaf_p + 1, (b + 1) * ATT_BLOCK);
+        if (j1 <= j0) continue;
+        if (j1 <= fork) {  // this block holds none of the branch's own nodes: the cache as is
+            attend_nodes(c, kv, h, 0, h, b, mem, n, positions, KVH, D, G, window, q, ldq, scale, nblk, parts, s);
+            continue;
+        }
+        Cache view = {c->kind, ATT_BLOCK, nullptr};
+        KV rows;
+        gather_block(c, kv, h, D, tree, br, b, j0, j1, tree->scratch + (size_t)omp_get_thread_num() * tree->scratch_bytes,
+                     &rows);
+        attend_nodes(&view, &rows, 0, b * ATT_BLOCK, h, b, mem, n, positions, KVH, D, G, window, q, ldq, scale, nblk,
+                     parts, s);
     }
 }
 
@@ -1199,10 +1302,49 @@ extern "C" int parley_attention(const Cache* cache, int layer, int M, const int6
     return 0;
 }
 
-// logits [M or 1][vocab] for `tokens` at `positions`; writes their K/V into `cache` (slots = positions).
-// Attention of position p reads slots 0..p (or its layer's window of them). `last_only`: the head for the last position only.
-extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const int64_t* tokens, const int64_t* positions,
-                   int last_only, float* logits) {
+// The branches of a tree pass from its parents (parents[0] = -1, 0 <= parents[m] < m, positions[m] =
+// positions[parents[m]] + 1), in `buf` (ints, sized by tree_ints). False when `parents` is not such a tree.
+static size_t tree_ints(int M) { return (size_t)M * (M + 8) + 8; }
+
+static bool build_tree(int M, const int64_t* positions, const int64_t* parents, int* buf, Tree* t) {
+    if (M < 1 || parents[0] != -1) return false;
+    int *depth = buf, *group = buf + M, *has_child = buf + 2 * M, *offsets = buf + 3 * M, *members = buf + 4 * M + 1;
+    int *fork = buf + 5 * M + 1, *leaf_depth = buf + 6 * M + 1, *path = buf + 7 * M + 1;
+    depth[0] = 0;
+    for (int m = 0; m < M; m++) has_child[m] = 0, group[m] = -1;
+    for (int m = 1; m < M; m++) {
+        const int64_t pa = parents[m];
+        if (pa < 0 || pa >= m || positions[m] != positions[pa] + 1) return false;
+        depth[m] = depth[pa] + 1;
+        has_child[pa] = 1;
+    }
+    for (int m = 1; m < M; m++)  // with parents before children, depth m means the path 0, 1, ..., m: the chain
+        if (depth[m] != m) group[m] = -2;
+    int ng = 0, nmem = 0;
+    for (int leaf = 0; leaf < M; leaf++) {  // each off-chain leaf's path is a branch; a node joins the first
+        if (has_child[leaf] || group[leaf] != -2) continue;
+        int* pth = path + (size_t)ng * M;
+        for (int m = leaf; m >= 0; m = (int)parents[m]) pth[depth[m]] = m;
+        int d = 0;
+        while (pth[d] == d) d++;
+        fork[ng] = d, leaf_depth[ng] = depth[leaf], offsets[ng] = nmem;
+        for (int k = d; k <= depth[leaf]; k++)
+            if (group[pth[k]] == -2) group[pth[k]] = ng, members[nmem++] = pth[k];
+        ng++;
+    }
+    offsets[ng] = nmem;
+    for (int m = 0; m < M; m++) if (group[m] == -2) return false;
+    t->base = (int)positions[0];
+    t->group = group, t->ngroups = ng, t->offsets = offsets, t->members = members, t->fork = fork, t->path = path;
+    t->depth = leaf_depth, t->stride = M;
+    return true;
+}
+
+// logits [M or 1][vocab] for `tokens` at `positions`; writes their K/V into `cache`. `parents` null: a linear
+// pass (slots = positions; position p attends slots 0..p, or its layer's window of them). Else a tree pass (see
+// Tree): node m writes slot positions[0] + m. `last_only`: the head for the last position only.
+static int forward_pass(const Model* md, const Cache* cache, int M, const int64_t* tokens, const int64_t* positions,
+                        const int64_t* parents, int last_only, float* logits) {
     const int dim = md->dim, H = md->n_heads, KVH = md->n_kv_heads, D = md->head_dim, I = md->inter;
     const int QKV = (H + 2 * KVH) * D;
     const int maxK = std::max(std::max(I, dim), H * D);
@@ -1210,6 +1352,18 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
     if (D > 512 || (H / KVH) > 8 || H % KVH) return -2;
     for (int m = 0; m < M; m++)
         if (positions[m] < 0 || positions[m] >= cache->max_len || positions[m] >= md->max_pos) return -1;
+    Tree tree;
+    int* tree_buf = nullptr;
+    if (parents) {
+        if (positions[0] + M > cache->max_len) return -1;
+        tree_buf = (int*)scratch(tree_ints(M) * sizeof(int));
+        if (!build_tree(M, positions, parents, tree_buf, &tree)) {
+            std::free(tree_buf);
+            return -3;
+        }
+        tree.scratch_bytes = gather_bytes(cache->kind, D);
+        tree.scratch = tree.ngroups ? (char*)scratch((size_t)omp_get_max_threads() * tree.scratch_bytes) : nullptr;
+    }
     float* x = (float*)scratch((size_t)M * dim * 4);
     float* xn = (float*)scratch((size_t)M * maxK * 4);
     float* qkv = (float*)scratch((size_t)M * QKV * 4);
@@ -1259,10 +1413,12 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
                 if (L->q_norm) rmsnorm_row(v, h < H ? L->q_norm : L->k_norm, v, D, md->eps);
                 rope_row(v, D, cs, sn);
             }
+            const int slot = parents ? tree.base + m : p;
             for (int h = 0; h < KVH; h++)
-                kv_write(cache, kv, h, p, D, row + (H + h) * D, row + (H + KVH + h) * D);
+                kv_write(cache, kv, h, slot, D, row + (H + h) * D, row + (H + KVH + h) * D);
         }
-        attend_blocks(cache, kv, M, positions, H, KVH, D, L->window, qkv, QKV, scale, nblk, parts, att_scores);
+        attend_blocks(cache, kv, M, positions, H, KVH, D, L->window, qkv, QKV, scale, nblk, parts, att_scores,
+                      parents ? &tree : nullptr);
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++) {  // merge the blocks, then quantize for the output projection
             attend_merge(KVH, G, D, L->window, (int)positions[m], nblk, parts + (size_t)m * KVH * nblk * part_stride,
@@ -1309,6 +1465,36 @@ extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const 
     free_act(&a);
     std::free(att_scores);
     std::free(parts);
+    if (parents) {
+        std::free(tree.scratch);
+        std::free(tree_buf);
+    }
+    return 0;
+}
+
+extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const int64_t* tokens, const int64_t* positions,
+                              int last_only, float* logits) {
+    return forward_pass(md, cache, M, tokens, positions, nullptr, last_only, logits);
+}
+
+// A tree pass (see Tree): -3 when `parents` is not a tree whose positions follow it.
+extern "C" int parley_forward_tree(const Model* md, const Cache* cache, int M, const int64_t* tokens,
+                                   const int64_t* positions, const int64_t* parents, int last_only, float* logits) {
+    return forward_pass(md, cache, M, tokens, positions, parents, last_only, logits);
+}
+
+// After a tree pass: move the K/V of slots src[i] to dst[i], i in order, in every layer and kv head (the accepted
+// path's nodes to the positions they now hold). Each dst[i] <= src[i] and no dst[i] is a later src.
+extern "C" int parley_kv_move(const Cache* cache, int n_layers, int KVH, int D, int n, const int64_t* src,
+                              const int64_t* dst) {
+    for (int i = 0; i < n; i++)
+        if (src[i] < 0 || src[i] >= cache->max_len || dst[i] < 0 || dst[i] >= cache->max_len) return -1;
+    for (int l = 0; l < n_layers; l++)
+        for (int h = 0; h < KVH; h++)
+            for (int i = 0; i < n; i++)
+                if (src[i] != dst[i])
+                    copy_rows(cache->kind, D, cache->layers + l, (size_t)h * cache->max_len + src[i], cache->layers + l,
+                              (size_t)h * cache->max_len + dst[i], 1);
     return 0;
 }
 

@@ -157,6 +157,12 @@ def load() -> ctypes.CDLL | None:
         lib.parley_forward.restype = ctypes.c_int
         lib.parley_forward.argtypes = [ctypes.POINTER(Model), ctypes.POINTER(Cache), ctypes.c_int, ctypes.c_void_p,
                                        ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+        lib.parley_forward_tree.restype = ctypes.c_int
+        lib.parley_forward_tree.argtypes = [ctypes.POINTER(Model), ctypes.POINTER(Cache), ctypes.c_int, ctypes.c_void_p,
+                                            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+        lib.parley_kv_move.restype = ctypes.c_int
+        lib.parley_kv_move.argtypes = [ctypes.POINTER(Cache), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                       ctypes.c_void_p, ctypes.c_void_p]
         lib.parley_threads.restype = ctypes.c_int
         lib.parley_threads.argtypes = [ctypes.c_int]
         lib.parley_has_vnni.restype = ctypes.c_int

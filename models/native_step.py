@@ -274,3 +274,34 @@ class NativeStep:
             raise ValueError(f"positions {pos.tolist()[:4]}... exceed the cache ({cache.max_len} slots) "
                              f"or the model's {self.config.max_seq_len} positions")
         return out[None]
+
+    def tree(self, tokens: list[int], parents: list[int], base: int, cache: KVCache) -> Tensor:
+        """Logits [N, vocab] of a tree of tokens (node 0 at position `base`, node m the child of parents[m] <
+        m, at its parent's position + 1), writing node m's K/V to slot base + m; each node attends the cache
+        below `base` and its own ancestors, bitwise as the linear pass over its path would."""
+        n = len(tokens)
+        depth = [0] * n
+        for m in range(1, n):
+            depth[m] = depth[parents[m]] + 1
+        ids = torch.tensor(tokens, dtype=torch.int64)
+        pos = torch.tensor([base + d for d in depth], dtype=torch.int64)
+        par = torch.tensor(parents, dtype=torch.int64)
+        if int(ids.max()) >= self.config.vocab_size or int(ids.min()) < 0:
+            raise ValueError(f"token id out of range for a vocabulary of {self.config.vocab_size}")
+        out = torch.empty(n, self.config.vocab_size, dtype=torch.float32)
+        rc = self.lib.parley_forward_tree(ctypes.byref(self.md), ctypes.byref(self._cache(cache)), n, ids.data_ptr(),
+                                          pos.data_ptr(), par.data_ptr(), 0, out.data_ptr())
+        if rc == -3:
+            raise ValueError(f"parents {parents[:8]}...: expected parents[0] = -1 and 0 <= parents[m] < m")
+        if rc != 0:
+            raise ValueError(f"a tree of {n} nodes at position {base} exceeds the cache ({cache.max_len} slots) "
+                             f"or the model's {self.config.max_seq_len} positions")
+        return out
+
+    def move_slots(self, cache: KVCache, src: list[int], dst: list[int]) -> None:
+        """Copy the K/V of slots src[i] to dst[i] in order, every layer (a tree's accepted path into place)."""
+        c = self.config
+        s, d = torch.tensor(src, dtype=torch.int64), torch.tensor(dst, dtype=torch.int64)
+        if self.lib.parley_kv_move(ctypes.byref(self._cache(cache)), c.n_layers, c.n_kv_heads, c.head_dim, len(src),
+                                   s.data_ptr(), d.data_ptr()) != 0:
+            raise ValueError(f"slots {src} -> {dst} outside the cache's {cache.max_len}")

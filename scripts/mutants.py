@@ -203,6 +203,22 @@ MUTANTS: list[Mutant] = [
            "for concat in list(tree.find_all(nodes.Concat)):",
            "for concat in []:",
            ("tests/test_chat_template_memory_bounded.py",)),
+    Mutant("tree-gather-wrong-ancestor", "kernels/cpu_step.cpp",
+           "row0 + t->base + t->path[(size_t)g * t->stride + j - t->base], out",
+           "row0 + j, out",
+           ("tests/test_native_tree_pass_equals_linear_paths.py",)),
+    Mutant("tree-kept-path-not-moved", "engine/cached_model.py",
+           "        if moved:",
+           "        if False:",
+           ("tests/test_native_tree_pass_equals_linear_paths.py",)),
+    Mutant("tree-verify-row-by-depth", "engine/session.py",
+           "logits[node : node + 1], params, history=[*context, *emitted]",
+           "logits[len(emitted) : len(emitted) + 1], params, history=[*context, *emitted]",
+           ("tests/test_speculative_tree_output_law.py",)),
+    Mutant("tree-verify-penalty-without-path", "engine/session.py",
+           "logits[node : node + 1], params, history=[*context, *emitted]",
+           "logits[node : node + 1], params, history=context",
+           ("tests/test_speculative_tree_output_law.py",)),
 ]
 
 

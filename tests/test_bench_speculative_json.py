@@ -24,7 +24,7 @@ def test_json_has_every_scenario(monkeypatch, capsys, tmp_path):
     assert bench_speculative.run(args) == 0
     out = json.loads(capsys.readouterr().out)
     for key in ("summarise", "summarise_public", "free_chat"):
-        assert set(out[key]) == {"plain", "prompt_lookup", "suffix", "auto", "draft self:1"}
+        assert set(out[key]) == {"plain", "prompt_lookup", "suffix", "suffix_tree", "auto", "draft self:1"}
         for r in out[key].values():
             assert {"tok_s", "acceptance", "tokens_per_pass", "new_tokens", "drafter", "note"} <= set(r)
         assert "vs_plain" in out[key]["suffix"] and out[key]["plain"]["drafter"] == ""

@@ -1,18 +1,22 @@
 """Temperature 0 on the real model, the default INT4 engine and fp32: replies with speculation off,
-prompt lookup, suffix match and a draft model (a self-draft on the target's first 20 layers) are
-token-identical over 128 tokens, on pasted held-out documents, the speculative bench's document (where
-suffix match drafts long runs) and chat prompts. No tie allowance: with batch-
-invariant passes a k+1-token verification pass decides exactly what a 1-token pass decides, so any
-difference is a bug (issue 10; today's torch path is not batch invariant, see the invariance test)."""
+prompt lookup, suffix match, suffix trees (several candidates per pass, verified as a tree whose kept path is
+then moved into place) and a draft model (a self-draft on the target's first 20 layers) are token-identical
+over 128 tokens, on pasted held-out documents, the speculative bench's document (where suffix match drafts
+long runs) and chat prompts. No tie allowance: with batch-invariant passes (a tree node's logits are bitwise
+the linear pass's over its path) a k+1-token verification pass decides exactly what a 1-token pass decides,
+so any difference is a bug (issue 10; today's torch path is not batch invariant, see the invariance test)."""
 
+import itertools
+from collections import Counter
 from importlib import resources
 
 import pytest
 from real_engines import QUANTS, fresh, heldout
 
+import parley.engine.session as session_module
 from parley.engine.events import Done, Stats
 from parley.engine.params import GenerationParams
-from parley.engine.speculative import DraftModel
+from parley.engine.speculative import DraftModel, SuffixMatch
 
 pytestmark = pytest.mark.slow
 # 128 tokens on the default (INT4) engine; the fp32 engine reads 4x the bytes per token through the same
@@ -48,10 +52,16 @@ def reply_ids(eng, prompt: str, speculation: str, new_tokens: int) -> tuple[list
 
 
 @pytest.mark.parametrize("quant", QUANTS)
-def test_greedy_speculation_is_token_identical(quant):
+def test_greedy_speculation_is_token_identical(quant, monkeypatch):
     eng = fresh(quant, context_window=2048)
     eng.draft = DraftModel.self_draft(eng.model, 20, eng.tokenizer, min_confidence=0.0, max_len=2048)
-    checked, failures = {"prompt-lookup": 0, "suffix": 0, "draft": 0}, []
+    # trees: bushy ones (up to 4 nodes per token of depth, down to a running probability of 0.01), verified
+    # whole (every round "costs" the same, so the cost model cuts nothing), so that many rounds verify several
+    # candidates at once and some keep one other than the first (counted by `branches`)
+    eng.suffix_tree = SuffixMatch(width=3, nodes=4.0, min_score=0.01)
+    monkeypatch.setattr(session_module, "round_clock", itertools.count().__next__)
+    branches = kept_branches(eng)
+    checked, failures = {"prompt-lookup": 0, "suffix": 0, "suffix-tree": 0, "draft": 0}, []
     # fp32 (the same native step, at 4x the bytes per token): one pasted document and one chat prompt,
     # those where prompt lookup guesses most
     prompts = PROMPTS if quant == "awq" else {k: PROMPTS[k] for k in ("keepers' logs", "chat: bread")}
@@ -66,9 +76,27 @@ def test_greedy_speculation_is_token_identical(quant):
                 failures.append(f"{name!r} {mode}: differs from plain at token {first} of {len(plain)} "
                                 f"({eng.tokenizer.decode(plain[first:first + 3])!r} vs "
                                 f"{eng.tokenizer.decode(got[first:first + 3])!r})")
-    print(f"{quant}: accepted guesses checked {checked}")
+    print(f"{quant}: accepted guesses checked {checked}; tree rounds {branches}")
     assert not failures, f"{quant}: {len(failures)} replies differ:\n" + "\n".join(failures)
     # Much went through verification (measured on INT4 over the six prompts: 390 accepted by prompt lookup,
     # 335 by suffix match, 27 by the self-draft, which the reply loop pauses after misses).
     n = NEW_TOKENS_BY_QUANT[quant] * len(prompts) // len(PROMPTS)
+    # Trees were verified, and some kept a candidate other than the first (measured on INT4 over the six
+    # prompts: 59 tree passes, 16 of them keeping another branch, 383 guesses accepted).
+    assert checked["suffix-tree"] >= n // 2 and branches["tree passes"] >= 10, (checked, branches)
+    assert branches["kept another branch"] >= 2, branches
     assert checked["prompt-lookup"] >= n // 2 and checked["suffix"] >= n // 2 and checked["draft"] >= n // 8, checked
+
+
+def kept_branches(eng) -> Counter:
+    """Counts, as replies run, the tree passes and those whose kept path left the first candidates' chain."""
+    counts: Counter = Counter()
+    commit_path = eng.target.commit_path
+
+    def spy(nodes: list[int]) -> None:
+        counts["tree passes"] += 1
+        counts["kept another branch"] += any(m != d for d, m in enumerate(nodes))
+        commit_path(nodes)
+
+    eng.target.commit_path = spy
+    return counts

@@ -1,4 +1,4 @@
-"""Speculative decoding at temperature 0: plain vs prompt lookup vs suffix match vs auto vs a draft
+"""Speculative decoding at temperature 0: plain vs prompt lookup vs suffix match vs suffix trees vs auto vs a draft
 model, in one run, with llama.cpp's `llama-lookup` on the same prompts when its build is present.
 
 Scenarios: (a) summarising a ~1,900-token pasted document (assets/speculative/document.md), where
@@ -28,7 +28,8 @@ SUMMARY_PROMPT = "Write a detailed summary of the following document, section by
 PUBLIC_DOCUMENT = "/usr/share/common-licenses/Apache-2.0"
 PUBLIC_PROMPT = ("What does this licence let me do with the software, and what do I have to do in return? "
                  "Go through it section by section.\n\n")
-MODES = {"plain": "off", "prompt_lookup": "prompt-lookup", "suffix": "suffix", "auto": "auto"}
+MODES = {"plain": "off", "prompt_lookup": "prompt-lookup", "suffix": "suffix", "suffix_tree": "suffix-tree",
+         "auto": "auto"}
 PEERS = Path.home() / ".cache" / "parley-peers"
 PASS_TOKENS = (1, 2, 3, 5, 9, 17)
 
@@ -113,17 +114,26 @@ def _pass_cost(engine, context: list[int], repeats: int) -> dict[str, dict[str, 
     x = torch.randn(1, max(PASS_TOKENS), model.config.dim, dtype=model.norm.weight.dtype,
                     device=model.norm.weight.device)
     best = {t: float("inf") for t in PASS_TOKENS}
-    head = dict(best)
+    head, tree = dict(best), dict(best)
+    trees = engine.target.trees
     for _ in range(repeats):
         for t in PASS_TOKENS:
             start = time.perf_counter()
             engine.forward(context[-1:] * t)  # written after the context, never committed
             best[t] = min(best[t], time.perf_counter() - start)
+            if trees and t >= 3:  # the same tokens as two branches off the root: what a tree adds to a pass
+                half = (t - 1) // 2
+                parents = [-1, *range(half), 0, *range(half + 1, t - 1)]
+                start = time.perf_counter()
+                engine.target.forward_tree(context[-1:] * t, parents)
+                tree[t] = min(tree[t], time.perf_counter() - start)
             if engine.native is None:  # the native step's head runs inside its one call: not separable
                 start = time.perf_counter()
                 model.lm_head(x[:, :t])
                 head[t] = min(head[t], time.perf_counter() - start)
     out = {"pass_ms": {str(t): round(s * 1e3, 1) for t, s in best.items()}}
+    if trees:
+        out["tree_pass_ms"] = {str(t): round(s * 1e3, 1) for t, s in tree.items() if t >= 3}
     if engine.native is None:
         out["head_ms"] = {str(t): round(s * 1e3, 1) for t, s in head.items()}
     return out
@@ -191,6 +201,9 @@ def lines(results: dict, args: argparse.Namespace) -> list[str]:
     one = cost["pass_ms"]["1"]
     out.append("target pass over T tokens at the document's depth: " + "  ".join(
         f"T={t}: {ms:.0f} ms ({ms / one:.2f}x)" for t, ms in cost["pass_ms"].items()))
+    if "tree_pass_ms" in cost:
+        out.append("  the same T tokens as a tree of two branches: " + "  ".join(
+            f"T={t}: {ms:.0f} ms ({ms / cost['pass_ms'][t]:.2f}x the chain)" for t, ms in cost["tree_pass_ms"].items()))
     if "head_ms" in cost:
         out.append("  of which the output projection: " + "  ".join(
             f"T={t}: {ms:.1f} ms" for t, ms in cost["head_ms"].items()))

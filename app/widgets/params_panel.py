@@ -47,13 +47,14 @@ SLIDERS = (
     SliderSpec("presence_penalty", "Presence penalty", 0.0, 2.0, 0.05, off_at=0.0),
     SliderSpec("draft_tokens", "Draft length", 1, 16, 1),
 )
-SPECULATION_LABELS = {"off": "Off", "prompt-lookup": "Prompt lookup", "suffix": "Suffix match", "draft": "Draft model",
-                      "auto": "Auto"}
+SPECULATION_LABELS = {"off": "Off", "prompt-lookup": "Prompt lookup", "suffix": "Suffix match",
+                      "suffix-tree": "Suffix tree", "draft": "Draft model", "auto": "Auto"}
 # What each choice does, in one line (the answer is the same whichever is chosen: only the speed differs).
 SPECULATION_HELP = {
     "off": "One token per pass of the model.",
     "prompt-lookup": "Guesses the next words by copying from the conversation; fast on code and quotes.",
     "suffix": "Guesses from everything said so far (your pastes and its own replies), ranked by how often it recurred.",
+    "suffix-tree": "As suffix match, checking two or three candidates at once where the next word is in doubt.",
     "draft": "A small draft model guesses ahead; the model keeps the guesses it agrees with.",
     "auto": "Uses the draft model if one is loaded, else prompt lookup; turns itself off if it slows down.",
 }
