@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ...engine.engine import Engine
     from ...models.quantize.awq import rtn_quantize
-    from ...models.quantize.cache import ensure_quantized
+    from ...models.quantize.cache import applied_method, ensure_quantized
     from ...models.quantize.int4_linear import bits_per_weight
     from ...models.resolve import resolve
     from ..cli import print_progress
@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     results["awq_int4"] = {"ppl": perplexity(awq, chunks, step=awq_step), "seconds": time.monotonic() - t0,
                            "group_size": manifest["settings"]["group_size_used"], "head": head,
-                           "method": manifest["settings"].get("method", "awq"),
+                           "method": applied_method(manifest["settings"]),
                            "bits_per_weight": bits, "quantize_s": manifest["timing"]["quantize_s"],
                            "cache_load_s": load_s, "calibration": manifest["calibration"],
                            "folder": str(awq_files.path)}
