@@ -137,8 +137,15 @@ class NativeStep:
                              {"q": ((Np // 16, c.dim // 64, 16, 16, 4), torch.uint8),
                               "s": ((c.vocab_size,), torch.float32)})
             head = native.lin(native.W_Q8, c.vocab_size, c.dim, 0, q=self._keep(h["q"]), s=self._keep(h["s"]))
-        elif head_bits == 4:  # a large vocabulary's head (Gemma's 262k rows) as INT4, round to nearest
-            head = self._q4_head(head_w)
+        elif head_bits == 4:  # a large vocabulary's head (Gemma's 262k rows) as INT4
+            if c.dim % 64:
+                raise ValueError(f"the native head needs a hidden size divisible by 64, not {c.dim}")
+            Np, G = (c.vocab_size + 15) // 16 * 16, c.dim // HEAD_GROUP
+            h = self._packed("head", lambda: self._q4_head(head_w),
+                             {"q": ((Np // 16, c.dim // 64, 8, 16, 4), torch.uint8),
+                              "s16": ((Np // 16, G, 16), torch.int16), "z": ((Np // 16, G, 16), torch.uint8)})
+            head = native.lin(native.W_Q4, c.vocab_size, c.dim, HEAD_GROUP, q=self._keep(h["q"]),
+                              s16=self._keep(h["s16"]), z=self._keep(h["z"]))
         else:
             head = native.lin(native.W_F32, c.vocab_size, c.dim, w=self._keep(head_w.detach().contiguous()))
         self.head_bits = head_bits
@@ -162,7 +169,8 @@ class NativeStep:
         self.md.attn_scale = c.query_scale
         self.md.act = 1 if c.mlp_act == "gelu_tanh" else 0
 
-    def _q4_head(self, weight: Tensor) -> native.Lin:
+    @staticmethod
+    def _q4_head(weight: Tensor) -> dict[str, Tensor]:
         """The output head as INT4 in groups of 64 (round to nearest, asymmetric): ~0.55 bytes per weight
         against int8's ~1, for the head that is most of a large-vocabulary model's bytes per token."""
         N, K = weight.shape
@@ -172,9 +180,7 @@ class NativeStep:
         for rows in w.split(16384):  # bounded temporaries over 262k rows
             parts.append(native.awq_to_q4(*quantize_weight(rows, HEAD_GROUP)))
         q, z, s = (torch.cat([p[j] for p in parts], dim=1)[:, :N] for j in range(3))
-        packed = native.pack_q4(q, z, s, HEAD_GROUP)
-        return native.lin(native.W_Q4, N, K, HEAD_GROUP, q=self._keep(packed["q"]), s16=self._keep(packed["s16"]),
-                          z=self._keep(packed["z"]))
+        return native.pack_q4(q, z, s, HEAD_GROUP)
 
     def _rope_table(self, n: int, inv_freq: Tensor) -> tuple[int, int]:
         """cos and sin [n, head_dim/2] for positions 0..n-1, as pointers (kept alive)."""
