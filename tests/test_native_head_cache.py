@@ -1,4 +1,4 @@
-"""Every packed output head (the int8 rows and the opt-in 4-bit head, PARLEY_HEAD_BITS=4) is cached with the
+"""Every packed output head (the int8 rows and the 4-bit head, forced here by PARLEY_HEAD_BITS) is cached with the
 rest of the native layout, one file per head width: the next start packs no head and computes bitwise the
 same logits; a cached head whose bytes were changed or cut off is detected and repacked, never read."""
 
@@ -15,6 +15,7 @@ from parley.engine.engine import Engine
 from parley.kernels import native
 from parley.models import native_cache
 from parley.models.native_step import NativeStep
+from parley.models.quantize import head4
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native step unavailable: {native.why_unavailable()}")
 
@@ -23,12 +24,15 @@ IDS = list(range(5, 60))
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
-    return str(write_hf_dir(outlier_model(seed=7), tmp_path_factory.mktemp("tiny") / "model"))
+    """The tiny model, and a Parley cache of its own (so its AWQ folder is the only one there)."""
+    return (str(write_hf_dir(outlier_model(seed=7), tmp_path_factory.mktemp("tiny") / "model")),
+            str(tmp_path_factory.mktemp("head-cache")))
 
 
-def start(source: str, bits: int, monkeypatch) -> tuple[Engine, torch.Tensor]:
+def start(source: tuple[str, str], bits: int, monkeypatch) -> tuple[Engine, torch.Tensor]:
+    monkeypatch.setenv("PARLEY_CACHE_DIR", source[1])
     monkeypatch.setenv("PARLEY_HEAD_BITS", str(bits))
-    engine = Engine.load(source, quant="awq", device="cpu")
+    engine = Engine.load(source[0], quant="awq", device="cpu")
     assert engine.step_kind == "native" and engine.native.head_bits == bits
     engine.reset_cache()
     return engine, engine.forward(IDS)
@@ -39,7 +43,7 @@ def layout(bits: int) -> tuple:
     from parley.models.quantize.cache import cache_root
 
     (folder,) = [p for p in cache_root().iterdir() if p.is_dir() and not p.name.startswith(".")]
-    key = native_cache.cache_key(folder, bits)
+    key = native_cache.cache_key(folder, bits, "gptq" if bits == 4 else "")  # an engine's 4-bit head: GPTQ
     return folder, key, folder / f"native-{key}.safetensors"
 
 
@@ -57,6 +61,7 @@ def refuse_head_packing(monkeypatch) -> None:
 
     monkeypatch.setattr(native, "pack_q8", refuse)
     monkeypatch.setattr(NativeStep, "_q4_head", staticmethod(refuse))
+    monkeypatch.setattr(head4, "head_calibration", refuse)
 
 
 @pytest.mark.parametrize("bits", [8, 4])
