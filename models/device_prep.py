@@ -28,14 +28,6 @@ def is_int4(model: nn.Module) -> bool:
     return any(isinstance(m, Int4Linear) for m in model.modules())
 
 
-def head_dominates(model: Transformer) -> bool:
-    """Whether an int8 head would read more bytes per token than all the model's INT4 layers together (Gemma 3
-    270M: 168 MB against ~56 MB; SmolLM2-135M: 28 MB against ~57 MB): then the 4-bit head is the default."""
-    layers = sum(t.numel() * t.element_size() for m in model.modules() if isinstance(m, Int4Linear)
-                 for t in (m.qweight, m.qzeros, m.scales))
-    return model.config.vocab_size * model.config.dim > layers
-
-
 def prepare_for_device(model: Transformer, *, native: bool = True, packed_dir: Path | None = None,
                        progress: ProgressFn | None = None,
                        calibration: Callable[[], Tensor] | None = None) -> NativeStep | None:
@@ -46,17 +38,14 @@ def prepare_for_device(model: Transformer, *, native: bool = True, packed_dir: P
     `packed_dir`: the AWQ folder in the Parley cache the model came from, where the native step's
     repacked weights are cached (models/native_cache.py).
     `calibration`: token ids [n, T] of real text, asked for only when a 4-bit head is packed (GPTQ rounds it
-    against the model's hidden states on them). The head of an INT4 model is int8 rows, or 4 bits where it
-    dominates the bytes per token and calibration text is at hand; PARLEY_HEAD_BITS=8 or 4 forces either.
+    against the model's hidden states on them, else it is rounded to nearest). The head of an INT4 model is
+    int8 rows; PARLEY_HEAD_BITS=4 opts into the 4-bit head (README, "A second family: Gemma 3").
     """
     weight = model.norm.weight
     int4 = is_int4(model)
     if native and weight.device.type == "cpu":
         head_bits = 8 if int4 else 32
-        forced = os.environ.get("PARLEY_HEAD_BITS")
-        if int4 and forced in ("4", "8"):
-            head_bits = int(forced)
-        elif int4 and calibration is not None and head_dominates(model):
+        if int4 and os.environ.get("PARLEY_HEAD_BITS") == "4":
             head_bits = 4
         gram = None
         if head_bits == 4 and calibration is not None:

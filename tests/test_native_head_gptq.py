@@ -1,7 +1,7 @@
 """The 4-bit output head rounded by GPTQ against the model's own final hidden states: its logits on held-out
 tokens are closer to the fp head's than the round-to-nearest head's (hidden states with salient channels, as
-real models have); it is the default exactly where an int8 head would outweigh every INT4 layer, and a cached
-start asks for no calibration text."""
+real models have); it stays opt-in (PARLEY_HEAD_BITS=4), its calibration text is read once, and a cached
+start asks for none."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from awq_tiny import outlier_model, write_hf_dir
 
 from parley.engine.engine import Engine
 from parley.kernels import native
-from parley.models import device_prep
 from parley.models.native_step import NativeStep
 from parley.models.quantize import head4
 from parley.models.quantize.int4_linear import Int4Linear, decoder_linears
@@ -49,14 +48,14 @@ def test_gptq_head_is_closer_to_the_fp_head_than_round_to_nearest():
     assert err_gptq < 0.9 * err_rtn, f"seed {SEED}: GPTQ {err_gptq:.4f} vs round-to-nearest {err_rtn:.4f}"
 
 
-def test_the_4_bit_head_is_the_default_where_the_head_dominates(tmp_path, monkeypatch):
-    monkeypatch.delenv("PARLEY_HEAD_BITS", raising=False)
-    assert not device_prep.head_dominates(int4_model(vocab=259))
-    assert device_prep.head_dominates(int4_model(vocab=8192))
-    source = str(write_hf_dir(outlier_model(seed=SEED, vocab=8192), tmp_path / "big-vocab"))
+def test_the_opt_in_4_bit_head_is_rounded_by_gptq_once_then_cached(tmp_path, monkeypatch):
+    source = str(write_hf_dir(outlier_model(seed=SEED, vocab=4096), tmp_path / "big-vocab"))
     asked = []
     real = head4.head_calibration
     monkeypatch.setattr(head4, "head_calibration", lambda tok: asked.append(1) or real(tok))
+    monkeypatch.delenv("PARLEY_HEAD_BITS", raising=False)
+    assert Engine.load(source, quant="awq", device="cpu").native.head_bits == 8 and asked == []  # the default
+    monkeypatch.setenv("PARLEY_HEAD_BITS", "4")
     first = Engine.load(source, quant="awq", device="cpu")
     assert first.native.head_bits == 4 and asked == [1]
     first.reset_cache()
@@ -64,5 +63,3 @@ def test_the_4_bit_head_is_the_default_where_the_head_dominates(tmp_path, monkey
     second = Engine.load(source, quant="awq", device="cpu")  # the head comes from the cache: no calibration
     second.reset_cache()
     assert second.native.head_bits == 4 and asked == [1] and torch.equal(second.forward(list(range(5, 40))), want)
-    monkeypatch.setenv("PARLEY_HEAD_BITS", "8")
-    assert Engine.load(source, quant="awq", device="cpu").native.head_bits == 8
