@@ -107,12 +107,14 @@ class Engine:
         if quantization == "none" and model.config.quantization:
             quantization = f"{model.config.quantization.get('quant_method', 'quantized')}-int4"
         from ..models.device_prep import prepare_for_device
+        from ..models.quantize.head4 import head_calibration
         from .threads import configure_threads
 
         configure_threads(threads)
         # On the CPU the native step: one call per pass, integer dot products, batch invariant.
         step = prepare_for_device(model, native=native, progress=progress,
-                                  packed_dir=files.path if files.kind == "dir" else None)
+                                  packed_dir=files.path if files.kind == "dir" else None,
+                                  calibration=lambda: head_calibration(tokenizer))
         drafter: Drafter | None = None
         if draft:
             from .speculative import load_draft

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
-from torch import nn
+from torch import Tensor, nn
 
 from .native_step import NativeStep, NativeUnavailable
 from .progress import ProgressFn
@@ -28,23 +29,33 @@ def is_int4(model: nn.Module) -> bool:
 
 
 def prepare_for_device(model: Transformer, *, native: bool = True, packed_dir: Path | None = None,
-                       progress: ProgressFn | None = None) -> NativeStep | None:
+                       progress: ProgressFn | None = None,
+                       calibration: Callable[[], Tensor] | None = None) -> NativeStep | None:
     """Make `model` fast on its device; returns the native step when it runs on one (else None).
 
     Idempotent: a model sharing already prepared modules (a self-draft's layers) is left as it is.
     `native=False` keeps the PyTorch path (e.g. a bench that must run the modules themselves).
     `packed_dir`: the AWQ folder in the Parley cache the model came from, where the native step's
     repacked weights are cached (models/native_cache.py).
+    `calibration`: token ids [n, T] of real text, asked for only when a 4-bit head is packed (GPTQ rounds it
+    against the model's hidden states on them, else it is rounded to nearest). The head of an INT4 model is
+    int8 rows; PARLEY_HEAD_BITS=4 opts into the 4-bit head (README, "A second family: Gemma 3").
     """
     weight = model.norm.weight
     int4 = is_int4(model)
     if native and weight.device.type == "cpu":
         head_bits = 8 if int4 else 32
-        if int4 and os.environ.get("PARLEY_HEAD_BITS") == "4":  # opt-in 4-bit head: README, Gemma 3 figures
+        if int4 and os.environ.get("PARLEY_HEAD_BITS") == "4":
             head_bits = 4
+        gram = None
+        if head_bits == 4 and calibration is not None:
+            from .quantize.head4 import final_hidden_gram
+
+            def gram() -> Tensor:
+                return final_hidden_gram(model, calibration())
         try:
             return NativeStep.for_model(model, head_bits=head_bits, packed_dir=packed_dir,
-                                        progress=progress)
+                                        progress=progress, head_gram=gram)
         except NativeUnavailable as e:
             log.info("the native CPU step is off for this model (%s): the PyTorch path runs", e)
     if int4 and type(model.lm_head) is nn.Linear:

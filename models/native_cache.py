@@ -34,10 +34,12 @@ class Stale(ValueError):
 _DTYPES = {"U8": torch.uint8, "I16": torch.int16, "F32": torch.float32}
 
 
-def cache_key(folder: Path, head_bits: int) -> str | None:
-    """The key of `folder`'s packed file, or None when `folder` is no AWQ folder of the Parley cache."""
+def cache_key(folder: Path, head_bits: int, head: str = "") -> str | None:
+    """The key of `folder`'s packed file, or None when `folder` is no AWQ folder of the Parley cache.
+    `head`: how a 4-bit head is rounded ("gptq", or "" for to nearest)."""
     from ..kernels import native
     from . import native_step
+    from .quantize import gptq, head4
     from .quantize.cache import MANIFEST, cache_root
 
     try:
@@ -47,8 +49,8 @@ def cache_key(folder: Path, head_bits: int) -> str | None:
         weights = json.loads((folder / MANIFEST).read_text())["files"]["model.safetensors"]["sha256"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    code = Path(native.__file__).read_bytes() + Path(native_step.__file__).read_bytes()
-    text = f"{FORMAT}|{weights}|{head_bits}|".encode() + hashlib.sha256(code).digest()
+    code = b"".join(Path(m.__file__).read_bytes() for m in (native, native_step, head4, gptq))
+    text = f"{FORMAT}|{weights}|{head_bits}{head}|".encode() + hashlib.sha256(code).digest()
     return hashlib.sha256(text).hexdigest()[:16]
 
 

@@ -15,6 +15,7 @@ import logging
 import os
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -59,11 +60,13 @@ class NativeStep:
 
     @classmethod
     def for_model(cls, model: Transformer, head_bits: int = 8, *, packed_dir: Path | None = None,
-                  progress: ProgressFn | None = None) -> NativeStep:
+                  progress: ProgressFn | None = None, head_gram: Callable[[], Tensor] | None = None) -> NativeStep:
         """The native step over `model`'s weights; NativeUnavailable says why it cannot be had.
 
         `packed_dir`: the AWQ folder the model was loaded from; its repacked weights are read from there
         (memory-mapped) when cached, else packed and cached there (models/native_cache.py).
+        `head_gram`: the Gram matrix of the head's inputs, called only when a 4-bit head is packed: the head is
+        then rounded by GPTQ (models/quantize/head4.py), else to nearest.
         """
         if os.environ.get("PARLEY_NATIVE", "1") == "0":
             raise NativeUnavailable("PARLEY_NATIVE=0")
@@ -74,15 +77,16 @@ class NativeStep:
             raise NativeUnavailable(native.why_unavailable() or "the native library did not load")
         from . import native_cache
 
-        key = native_cache.cache_key(packed_dir, head_bits) if packed_dir is not None else None
+        head = "gptq" if head_bits == 4 and head_gram is not None else ""
+        key = native_cache.cache_key(packed_dir, head_bits, head) if packed_dir is not None else None
         packed = native_cache.load(packed_dir, key) if key else None
         try:
             try:
-                step = cls(model, lib, head_bits, packed=packed, progress=progress)
+                step = cls(model, lib, head_bits, packed=packed, progress=progress, head_gram=head_gram)
             except native_cache.Stale as e:  # shapes the model does not imply: pack afresh
                 log.warning("ignoring the cached CPU layout in %s (%s); repacking", packed_dir, e)
                 packed = None
-                step = cls(model, lib, head_bits, progress=progress)
+                step = cls(model, lib, head_bits, progress=progress, head_gram=head_gram)
         except ValueError as e:
             raise NativeUnavailable(str(e)) from None
         if key and packed is None and step.packed:
@@ -90,7 +94,8 @@ class NativeStep:
         return step
 
     def __init__(self, model: Transformer, lib: ctypes.CDLL, head_bits: int = 8, *,
-                 packed: dict[str, Tensor] | None = None, progress: ProgressFn | None = None) -> None:
+                 packed: dict[str, Tensor] | None = None, progress: ProgressFn | None = None,
+                 head_gram: Callable[[], Tensor] | None = None) -> None:
         c = model.config
         self.lib, self.config = lib, c
         self.keep: list[Tensor] = []
@@ -137,8 +142,15 @@ class NativeStep:
                              {"q": ((Np // 16, c.dim // 64, 16, 16, 4), torch.uint8),
                               "s": ((c.vocab_size,), torch.float32)})
             head = native.lin(native.W_Q8, c.vocab_size, c.dim, 0, q=self._keep(h["q"]), s=self._keep(h["s"]))
-        elif head_bits == 4:  # a large vocabulary's head (Gemma's 262k rows) as INT4, round to nearest
-            head = self._q4_head(head_w)
+        elif head_bits == 4:  # a large vocabulary's head (Gemma's 262k rows) as INT4
+            if c.dim % 64:
+                raise ValueError(f"the native head needs a hidden size divisible by 64, not {c.dim}")
+            Np, G = (c.vocab_size + 15) // 16 * 16, c.dim // HEAD_GROUP
+            h = self._packed("head", lambda: self._q4_head(head_w, head_gram, progress),
+                             {"q": ((Np // 16, c.dim // 64, 8, 16, 4), torch.uint8),
+                              "s16": ((Np // 16, G, 16), torch.int16), "z": ((Np // 16, G, 16), torch.uint8)})
+            head = native.lin(native.W_Q4, c.vocab_size, c.dim, HEAD_GROUP, q=self._keep(h["q"]),
+                              s16=self._keep(h["s16"]), z=self._keep(h["z"]))
         else:
             head = native.lin(native.W_F32, c.vocab_size, c.dim, w=self._keep(head_w.detach().contiguous()))
         self.head_bits = head_bits
@@ -162,19 +174,28 @@ class NativeStep:
         self.md.attn_scale = c.query_scale
         self.md.act = 1 if c.mlp_act == "gelu_tanh" else 0
 
-    def _q4_head(self, weight: Tensor) -> native.Lin:
-        """The output head as INT4 in groups of 64 (round to nearest, asymmetric): ~0.55 bytes per weight
-        against int8's ~1, for the head that is most of a large-vocabulary model's bytes per token."""
+    @staticmethod
+    def _q4_head(weight: Tensor, gram: Callable[[], Tensor] | None = None,
+                 progress: ProgressFn | None = None) -> dict[str, Tensor]:
+        """The output head as INT4 in groups of 64 (asymmetric): ~0.55 bytes per weight against int8's ~1,
+        for the head that is most of a large-vocabulary model's bytes per token. Rounded by GPTQ against the
+        head's inputs when `gram` gives their Gram matrix, else to nearest."""
         N, K = weight.shape
+        if gram is not None:
+            from .quantize.head4 import gptq_head
+
+            def rows(done: int, total: int) -> None:
+                if progress is not None:
+                    progress(Progress("load", done, total, "row", f"rounding the 4-bit head: row {done}/{total}"))
+
+            return native.pack_q4(*gptq_head(weight, gram(), HEAD_GROUP, rows), HEAD_GROUP)
         parts = []
         w = weight.detach().float()
         w = torch.cat([w, w.new_zeros(-N % 16, K)])  # AWQ's packing takes whole groups of 8 rows
         for rows in w.split(16384):  # bounded temporaries over 262k rows
             parts.append(native.awq_to_q4(*quantize_weight(rows, HEAD_GROUP)))
         q, z, s = (torch.cat([p[j] for p in parts], dim=1)[:, :N] for j in range(3))
-        packed = native.pack_q4(q, z, s, HEAD_GROUP)
-        return native.lin(native.W_Q4, N, K, HEAD_GROUP, q=self._keep(packed["q"]), s16=self._keep(packed["s16"]),
-                          z=self._keep(packed["z"]))
+        return native.pack_q4(q, z, s, HEAD_GROUP)
 
     def _rope_table(self, n: int, inv_freq: Tensor) -> tuple[int, int]:
         """cos and sin [n, head_dim/2] for positions 0..n-1, as pointers (kept alive)."""

@@ -195,7 +195,7 @@ def load_tokenizer(files: ModelFiles) -> Tokenizer:
 
 
 def _from_gguf(path: Path) -> Tokenizer:
-    from . import gguf_tokenizer
+    from . import gguf_tokenizer, tokenizer_cache
     from .gguf_weights import open_gguf
 
     meta = open_gguf(path).metadata
@@ -211,7 +211,8 @@ def _from_gguf(path: Path) -> Tokenizer:
     template = _checked_template(meta.get("tokenizer.chat_template"), where)
     arch = meta.get("general.architecture")
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", meta.get("tokenizer.ggml.model") == "llama"))
-    return Tokenizer(HFBackend(gguf_tokenizer.build(meta, path)), template, special, eos_id, extra, where,
+    built = tokenizer_cache.load_or_build(path, lambda: gguf_tokenizer.build(meta, path))
+    return Tokenizer(HFBackend(built), template, special, eos_id, extra, where,
                      arch=arch if isinstance(arch, str) else None, add_bos=add_bos)
 
 

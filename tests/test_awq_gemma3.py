@@ -12,6 +12,7 @@ from test_awq_checkpoint_loads import fp16_rounded, tokenizer_files
 from parley.models.config import ModelConfig
 from parley.models.loading import load_model
 from parley.models.quantize.awq import AWQSettings, awq_quantize
+from parley.models.quantize.cache import applied_method, first_run_settings, method_name
 from parley.models.quantize.checkpoint import save_awq
 from parley.models.quantize.int4_linear import Int4Linear
 from parley.models.resolve import resolve
@@ -72,3 +73,14 @@ def test_saved_folder_stores_gemma_norms_and_loads_back(tmp_path):
     loaded = load_model(resolve(str(out)))
     assert isinstance(loaded.layers[0].mlp.gate_proj, Int4Linear)
     torch.testing.assert_close(logits(loaded, x), logits(model, x), atol=2e-3, rtol=2e-3)
+
+
+@torch.no_grad()
+def test_the_method_named_is_the_one_applied():
+    """Gemma 3 is not rotated, so its folder (and `bench quality`) must not claim rotate+awq+gptq."""
+    settings = first_run_settings(32, torch.device("cpu"))
+    settings.search_samples = 2
+    report = awq_quantize(gemma_outlier_model(), tokens(2, 32), settings)
+    named = applied_method({"method": method_name(settings), "rotated": report.rotated})
+    assert method_name(settings) == "rotate+awq+gptq" and not report.rotated and named == "awq+gptq"
+    assert applied_method({"method": "rotate+awq+gptq", "rotated": True}) == "rotate+awq+gptq"

@@ -1,9 +1,11 @@
 """Gemma 3's SentencePiece vocabulary, rebuilt from the GGUF's metadata (tokens, types; merges in file
-order), tokenizes and decodes tricky text exactly as transformers does from the same file."""
+order), tokenizes and decodes tricky text exactly as transformers does from the same file: built afresh
+(cold) and read back from the Parley cache on the next launch (cached)."""
 
 import pytest
 from gemma_gguf import gemma_gguf
 
+from parley.models import gguf_tokenizer, tokenizer_cache
 from parley.models.resolve import resolve
 from parley.models.tokenizer import load_tokenizer
 
@@ -20,10 +22,26 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def tokenizers():
+def reference():
     path = gemma_gguf()
-    ref = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return load_tokenizer(resolve(str(path))), ref
+    return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+@pytest.fixture(scope="module", params=["cold", "cached"])
+def tokenizers(request, reference, tmp_path_factory):
+    path = gemma_gguf()
+    with pytest.MonkeyPatch.context() as mp:  # module scope: set up before conftest's per-test cache dir
+        mp.setenv("PARLEY_CACHE_DIR", str(tmp_path_factory.mktemp(f"cache-{request.param}")))
+        cold = load_tokenizer(resolve(str(path)))
+        assert tokenizer_cache.cache_path(path).is_file()
+        if request.param == "cold":
+            return cold, reference
+
+        def rebuilt(*a, **k):
+            raise AssertionError("the vocabulary was rebuilt although the cached tokenizer was intact")
+
+        mp.setattr(gguf_tokenizer, "build", rebuilt)
+        return load_tokenizer(resolve(str(path))), reference
 
 
 @pytest.mark.parametrize("text", TEXTS)

@@ -47,8 +47,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="random weights of this shape instead of --model (GPU figures for a 7B-shaped model)")
     p.add_argument("--threads", type=int, default=None, help="threads (default: automatic)")
     p.add_argument("--llama-cpp", default=None, metavar="SCRIPT",
-                   help="also run this llama.cpp peer script (`SCRIPT bench`, e.g. ../shared/peers/llama_cpp.sh) in "
-                        "the same run and print its figures and Parley's ratio to them")
+                   help="also run llama.cpp in the same run and print its figures and Parley's ratio to them: the "
+                        "peer script (`SCRIPT bench`, e.g. ../shared/peers/llama_cpp.sh) on the embedded model's "
+                        "weights; with a .gguf --model, llama-bench on that same file (the script's build, or "
+                        "--llama-bench)")
+    p.add_argument("--llama-bench", default=None, metavar="PATH",
+                   help="llama.cpp's llama-bench binary for a .gguf --model (default: the peer script's build, "
+                        "$PEERS/llama.cpp/build/bin/llama-bench, PEERS defaulting to ~/.cache/parley-peers)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -172,26 +177,71 @@ def memory_at(args: argparse.Namespace, quant: str, kv: str, tokens: int) -> dic
         {"peak_gpu_mb": out["peak_gpu_mb"]} if "peak_gpu_mb" in out else {})}
 
 
-def llama_cpp_figures(script: str, threads: int) -> list[dict] | dict:
-    """The peer script's JSON lines (engine, type, what, tokens, depth, tok_s), run with the same thread count."""
+def _run_peer(cmd: list[str], env: dict[str, str] | None = None) -> tuple[list[dict], str] | dict:
+    """`cmd`'s stdout JSON lines and its stderr, or {"error": ...}; killed with all it started after 30 min."""
     try:  # its own process group: a timeout ends the llama-bench it started too, not only the script
-        proc = subprocess.Popen([script, "bench"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "THREADS": str(threads)}, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, **(env or {})}, start_new_session=True)
     except OSError as e:
-        return {"error": f"{script}: {e}"}
+        return {"error": f"{cmd[0]}: {e}"}
     try:
         out, err = proc.communicate(timeout=1800)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        return {"error": f"{script} bench took over 1800 s (a busy machine?)"}
+        return {"error": f"{' '.join(cmd[:2])} took over 1800 s (a busy machine?)"}
     rows = []
     for line in out.splitlines():
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
             continue
-    return rows or {"error": f"{script} bench printed no figures (rc={proc.returncode}): {err.strip()[-300:]}"}
+    return rows or {"error": f"{' '.join(cmd[:2])} printed no figures (rc={proc.returncode}): {err.strip()[-300:]}"}
+
+
+def llama_cpp_figures(script: str, threads: int) -> list[dict] | dict:
+    """The peer script's JSON lines (engine, type, what, tokens, depth, tok_s), run with the same thread count."""
+    return _run_peer([script, "bench"], {"THREADS": str(threads)})
+
+
+def llama_bench_path(script: str | None, binary: str | None) -> str:
+    """llama-bench: `binary`, `script` itself when it is one, else where the peer script builds it."""
+    if binary:
+        return binary
+    if script and os.path.basename(script) == "llama-bench":
+        return script
+    peers = os.path.expanduser(os.environ.get("PEERS", "~/.cache/parley-peers"))
+    return os.path.join(peers, "llama.cpp", "build", "bin", "llama-bench")
+
+
+def llama_bench_figures(binary: str, model: str, threads: int, prefill: int, new_tokens: int,
+                        depths: list[int], repeats: int) -> list[dict] | dict:
+    """llama-bench on `model` (the GGUF Parley loads): prefill and decode as this bench measures them, in the
+    peer script's rows (engine, type, what, tokens, depth, threads, tok_s) plus the file."""
+    if not os.path.isfile(binary):
+        return {"error": f"{binary}: no llama-bench there; build it (../shared/peers/llama_cpp.sh build) or pass "
+                         "--llama-bench PATH"}
+    base = [binary, "-m", model, "-t", str(threads), "-r", str(repeats), "-o", "jsonl"]
+    runs = [["-p", str(prefill), "-n", str(new_tokens)]] + [
+        ["-p", "0", "-n", str(new_tokens), "-d", str(d)] for d in depths if d > 0]
+    rows: list[dict] = []
+    for extra in runs:
+        got = _run_peer(base + extra)
+        if isinstance(got, dict):
+            return got
+        for r in got:
+            what = "prefill" if r["n_prompt"] else ("decode_at_depth" if r.get("n_depth") else "decode")
+            rows.append({"engine": "llama.cpp", "type": r["model_type"], "what": what,
+                         "tokens": r["n_prompt"] or r["n_gen"], "depth": r.get("n_depth", 0),
+                         "threads": r["n_threads"], "tok_s": round(r["avg_ts"], 1), "model_file": model})
+    return rows
+
+
+def _gguf_file(model: str | None) -> str | None:
+    """--model's path when it is a GGUF file (llama.cpp then benches that very file)."""
+    if model and model.lower().endswith(".gguf") and os.path.isfile(os.path.expanduser(model)):
+        return os.path.abspath(os.path.expanduser(model))
+    return None
 
 
 def peer_ratios(engine: dict, peers: list[dict]) -> list[dict]:
@@ -264,8 +314,15 @@ def run(args: argparse.Namespace) -> int:
     for r in results["engines"].values():
         for d in r.get("decode", []):
             d["pct_of_bandwidth"] = round(100 * d["gb_s"] / bandwidth, 1)
-    if args.llama_cpp:
-        peers = llama_cpp_figures(args.llama_cpp, threads)
+    if args.llama_cpp or args.llama_bench:
+        gguf = _gguf_file(args.model)
+        if gguf:  # the same file Parley loaded, not the script's re-quantized copies of the embedded model
+            peers = llama_bench_figures(llama_bench_path(args.llama_cpp, args.llama_bench), gguf, threads,
+                                        args.prefill_tokens, args.new_tokens, depths, args.repeats)
+        elif args.llama_cpp and args.model is None:
+            peers = llama_cpp_figures(args.llama_cpp, threads)
+        else:
+            peers = {"error": f"--model {args.model} is no .gguf file: llama.cpp is compared on the same file only"}
         results["llama_cpp"] = peers
         if isinstance(peers, list):
             for r in results["engines"].values():
@@ -300,6 +357,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"      with {b['processes']} busy process(es): {b['tok_s']} tok/s = {b['vs_quiet']}x quiet")
     if isinstance(results.get("llama_cpp"), dict):
         print(f"  llama.cpp: {results['llama_cpp']['error']}")
+    elif results.get("llama_cpp") and "model_file" in results["llama_cpp"][0]:
+        print(f"  llama.cpp: llama-bench on the same file, {results['llama_cpp'][0]['model_file']}")
     for kv, m in results.get("memory_at", {}).get("by_cache", {}).items():
         in_use = f"peak RSS after loading {m['peak_rss_in_use_mb']} MB, " if "peak_rss_in_use_mb" in m else ""
         figures = (f"{in_use}peak RSS {m['peak_rss_mb']} MB (loading included), cache {m['kv_cache_mb']} MB"

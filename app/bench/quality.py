@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=None, help="AWQ calibration tokens per sample")
     parser.add_argument("--kernels", choices=("reference", "auto"), default="reference",
                         help="reference (default): INT4 weights dequantized exactly once, fp output head -- the "
-                             "quantization alone; auto: the models as the engine runs them (its kernels, int8 head)")
+                             "quantization alone; auto: the models as the engine runs them (its kernels and head)")
     parser.add_argument("--kv-cache", default=None, metavar="TYPES",
                         help="instead: the fp32 model (as the engine runs it) with each comma-separated KV cache "
                              "type (fp, bf16, int8, k8v4); use long chunks, e.g. --chunk 2048")
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ...engine.engine import Engine
     from ...models.quantize.awq import rtn_quantize
-    from ...models.quantize.cache import ensure_quantized
+    from ...models.quantize.cache import applied_method, ensure_quantized
     from ...models.quantize.int4_linear import bits_per_weight
     from ...models.resolve import resolve
     from ..cli import print_progress
@@ -172,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
     awq, awq_step = awq_engine.model, awq_engine.native
     load_s = time.monotonic() - t0
     bits = bits_per_weight(awq)  # of the folder's INT4 tensors, before `dequantized` replaces them
-    head = "int8 (the engine's fast head)"
+    head = ("4-bit GPTQ (the engine's head for this model)" if getattr(awq_step, "head_bits", 8) == 4
+            else "int8 (the engine's fast head)")
     if reference:  # the modules, not the native step (it holds its own packed copy of the INT4 weights)
         awq_step = None
         dequantized(awq)
@@ -181,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     results["awq_int4"] = {"ppl": perplexity(awq, chunks, step=awq_step), "seconds": time.monotonic() - t0,
                            "group_size": manifest["settings"]["group_size_used"], "head": head,
-                           "method": manifest["settings"].get("method", "awq"),
+                           "method": applied_method(manifest["settings"]),
                            "bits_per_weight": bits, "quantize_s": manifest["timing"]["quantize_s"],
                            "cache_load_s": load_s, "calibration": manifest["calibration"],
                            "folder": str(awq_files.path)}

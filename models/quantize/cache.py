@@ -81,6 +81,13 @@ def method_name(awq: AWQSettings) -> str:
     return "+".join(steps)
 
 
+def applied_method(settings: dict[str, Any]) -> str:
+    """The method a folder's manifest says was applied: its key names the first-run method, whose rotation
+    is skipped for models that cannot be rotated (Gemma 3's sandwich norms; `rotated` false)."""
+    steps = str(settings.get("method", "awq")).split("+")
+    return "+".join(s for s in steps if s != "rotate" or settings.get("rotated", True))
+
+
 def fast_cpu_bf16() -> bool:
     """Whether this CPU has native bf16 dot products (then bf16 matmuls are ~4x fp32 ones)."""
     try:
