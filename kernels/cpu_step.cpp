@@ -12,10 +12,10 @@
 // loaded weights; they never reorder a position's arithmetic. So a position's logits are bitwise the same
 // in a decode pass, a verification pass or a prefill chunk. Build with -ffp-contract=off.
 //
-// Sections: small helpers; activation quantization (int8 per 64 inputs); the products (INT4 / int8-head tiles of 1..8 positions x
-// 16 columns, portable loops, `linear`); the KV cache (writes in stored form, attention in 256-key blocks with
-// an optional per-layer sliding window, head_dim up to 256 on the vector paths); the entry points
-// (`parley_forward`, and `parley_linear` / `parley_attention` for tests against independent references).
+// Sections: small helpers; activation quantization (int8 per 64 or 32 inputs); the products (INT4 / int8-head
+// tiles of 1..8 positions x 16 columns, portable loops, `linear`); the KV cache (writes in stored form, attention
+// in 256-key blocks with an optional per-layer sliding window, head_dim up to 256 on the vector paths); the entry
+// points (`parley_forward`, and `parley_linear` / `parley_attention` for tests against independent references).
 #include <algorithm>
 #include <type_traits>
 #include <cmath>
@@ -252,9 +252,9 @@ static void quantize_acts(const float* x, int M, int K, int bs, const Act* a) {
 // ---------------------------------------------------------------------------------------------------
 // Products over blocks of 16 output columns, the 16 columns in the 16 lanes of a vector: one VNNI
 // instruction multiplies 4 inputs of one position (broadcast) by the same 4 inputs' weights of 16
-// columns. Sums within a block of 64 inputs are exact int32; each block then adds once, in float, to the
-// column's sum, in input order. No horizontal sums, and every (position, column) runs the same
-// arithmetic whatever the tile of positions it is computed in.
+// columns. Sums within an activation block (64 inputs, or 32: `lin_block`) are exact int32; each block then
+// adds once, in float, to the column's sum, in input order. No horizontal sums, and every (position, column)
+// runs the same arithmetic whatever the tile of positions it is computed in.
 //
 // Q4 layout, per 16-column block and 64-input chunk: 8 vectors of 64 bytes; byte 4n + j of vector t holds
 // q[n][4t + j] (low nibble) and q[n][32 + 4t + j] (high nibble). s16, z: [N/16][K/G][16]. Both nibbles are
