@@ -12,10 +12,10 @@
 // loaded weights; they never reorder a position's arithmetic. So a position's logits are bitwise the same
 // in a decode pass, a verification pass or a prefill chunk. Build with -ffp-contract=off.
 //
-// Sections: small helpers; activation quantization; the products (INT4 / int8-head tiles of 1..8 positions x
-// 16 columns, portable loops, `linear`); the KV cache (writes in stored form, attention in 256-key blocks with
-// an optional per-layer sliding window, head_dim up to 256 on the vector paths); the entry points
-// (`parley_forward`, and `parley_linear` / `parley_attention` for tests against independent references).
+// Sections: small helpers; activation quantization (int8 per 64 or 32 inputs); the products (INT4 / int8-head
+// tiles of 1..8 positions x 16 columns, portable loops, `linear`); the KV cache (writes in stored form, attention
+// in 256-key blocks with an optional per-layer sliding window, head_dim up to 256 on the vector paths); the entry
+// points (`parley_forward`, and `parley_linear` / `parley_attention` for tests against independent references).
 #include <algorithm>
 #include <type_traits>
 #include <cmath>
@@ -37,6 +37,8 @@ enum { KV_F32 = 0, KV_BF16 = 1, KV_INT8 = 2, KV_K8V4 = 3 };
 // A linear layer y = x W^T (+ bias). Q4: 4-bit q with w = (q - z) * s per group of `group` inputs, s fp16
 // (the checkpoint's own scales, bits in s16) and z uint8, in the column-block layout described at
 // q4_block. Q8 (output head): int8 with one fp32 scale per output column in s. F32: w [N][K].
+// act_block: the block of inputs its activations are quantized in, 64 or 32 (Q4; the packer's choice, see
+// `lin_block`); the int8 head always reads 32.
 struct Lin {
     int32_t kind, N, K, group;
     const uint8_t* q;
@@ -45,6 +47,7 @@ struct Lin {
     const uint8_t* z;
     const float* w;
     const float* bias;
+    int32_t act_block;
 };
 
 struct Layer {
@@ -179,74 +182,86 @@ static inline float exp_scalar(float x) {  // the same polynomial, one lane: use
 }
 
 // ---------------------------------------------------------------------------------------------------
-// activations quantized to int8 in blocks of 32, per position (what the integer dot products read)
+// activations quantized to int8 per position, in blocks of 64 or 32 inputs (what the integer dot products read)
+//
+// One scale per 64 inputs, the INT4 weights' own chunk (and the embedded model's group): a product then
+// converts and scales one exact int32 sum per (position, 64 inputs), not two. Blocks of 32 where 64 cost
+// accuracy (`parley bench quality --kernels auto`, 4 chunks, AWQ perplexity 21.404 with 32 everywhere): 64
+// everywhere 21.517 (+0.5%), 64 but 32 for the MLP's down projection (its input, the SwiGLU output, has the
+// outliers) and the int8 head 21.413 (+0.04%): the packer's choice (Lin.act_block), llama.cpp's K-quant
+// path uses blocks of 256 (Q8_K).
 
-struct Act {  // rows of K inputs; which K and group size a product reads is its own (Lin.K, Lin.group)
+struct Act {  // rows of K inputs; which K and block size a product reads is its own (Lin.K, lin_block)
     int8_t* q;     // [M][K]
-    float* d;      // [M][K/32]: block scales
-    int32_t* xs;   // [M][K/32]: block sums of q (removes the +128 of the int8 head's stored weights)
-    float* gsum;   // [M][K/G]: sum of the dequantized activations of each weight group (for the zero points)
+    float* d;      // [M][K/bs]: block scales
+    int32_t* xs;   // [M][K/bs]: block sums of q (the zero points' share, and the +128 of the int8 head's weights)
 };
 
-static void quantize_row(const float* x, int K, int G, const Act* a, int m) {
+// The activation block a product reads: 32 for the int8 head and INT4 products packed so, else 64.
+static inline int lin_block(const Lin* L) { return L->kind == 2 /* W_Q8 */ || L->act_block == 32 ? 32 : 64; }
+
+static void quantize_row(const float* x, int K, int bs, const Act* a, int m) {
+    const int nv = bs / 16;
     int8_t* q = a->q + (size_t)m * K;
-    float* d = a->d + (size_t)m * (K / 32);
-    int32_t* xs = a->xs + (size_t)m * (K / 32);
-    for (int b = 0; b < K / 32; b++) {
+    float* d = a->d + (size_t)m * (K / bs);
+    int32_t* xs = a->xs + (size_t)m * (K / bs);
+    for (int b = 0; b < K / bs; b++) {
+        const float* xb = x + b * bs;
 #if PARLEY_VNNI  // the same values as the loop below: max and integer sums are exact, x * inv rounds to even
-        const __m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        __m512 xv[4];
+        __m512 mv = _mm512_setzero_ps();
+        for (int u = 0; u < nv; u++) {
+            xv[u] = _mm512_loadu_ps(xb + 16 * u);
+            mv = _mm512_max_ps(mv, _mm512_abs_ps(xv[u]));
+        }
+        const float amax = _mm512_reduce_max_ps(mv);
         const float db = amax / 127.0f, inv = db > 0 ? 1.0f / db : 0.0f;
-        const __m512i lim = _mm512_set1_epi32(127);
-        __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(inv)));
-        __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(inv)));
-        q0 = _mm512_max_epi32(_mm512_min_epi32(q0, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim));
-        q1 = _mm512_max_epi32(_mm512_min_epi32(q1, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim));
-        _mm_storeu_si128((__m128i*)(q + b * 32), _mm512_cvtepi32_epi8(q0));
-        _mm_storeu_si128((__m128i*)(q + b * 32 + 16), _mm512_cvtepi32_epi8(q1));
+        const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
+        __m512i sum = _mm512_setzero_si512();
+        for (int u = 0; u < nv; u++) {
+            __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(xv[u], _mm512_set1_ps(inv)));
+            qi = _mm512_max_epi32(_mm512_min_epi32(qi, lim), nlim);
+            _mm_storeu_si128((__m128i*)(q + b * bs + 16 * u), _mm512_cvtepi32_epi8(qi));
+            sum = _mm512_add_epi32(sum, qi);
+        }
         d[b] = db;
-        xs[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        xs[b] = _mm512_reduce_add_epi32(sum);
 #else
         float amax = 0.0f;
-        for (int i = 0; i < 32; i++) amax = std::fmax(amax, std::fabs(x[b * 32 + i]));
+        for (int i = 0; i < bs; i++) amax = std::fmax(amax, std::fabs(xb[i]));
         const float db = amax / 127.0f, inv = db > 0 ? 1.0f / db : 0.0f;
         int sum = 0;
-        for (int i = 0; i < 32; i++) {
-            int v = (int)std::nearbyint(x[b * 32 + i] * inv);
+        for (int i = 0; i < bs; i++) {
+            int v = (int)std::nearbyint(xb[i] * inv);
             v = v > 127 ? 127 : (v < -127 ? -127 : v);
-            q[b * 32 + i] = (int8_t)v;
+            q[b * bs + i] = (int8_t)v;
             sum += v;
         }
         d[b] = db;
         xs[b] = sum;
 #endif
     }
-    float* gsum = a->gsum + (size_t)m * (K / G);
-    for (int g = 0; g < K / G; g++) {
-        float s = 0.0f;
-        for (int b = g * G / 32; b < (g + 1) * G / 32; b++) s += d[b] * (float)xs[b];
-        gsum[g] = s;
-    }
 }
 
 // Called inside a parallel region (an orphaned `omp for`: the threads split the rows, then meet).
-static void quantize_acts(const float* x, int M, int K, int G, const Act* a) {
+static void quantize_acts(const float* x, int M, int K, int bs, const Act* a) {
 #pragma omp for schedule(static)
-    for (int m = 0; m < M; m++) quantize_row(x + (size_t)m * K, K, G, a, m);
+    for (int m = 0; m < M; m++) quantize_row(x + (size_t)m * K, K, bs, a, m);
 }
 
 // ---------------------------------------------------------------------------------------------------
 // Products over blocks of 16 output columns, the 16 columns in the 16 lanes of a vector: one VNNI
 // instruction multiplies 4 inputs of one position (broadcast) by the same 4 inputs' weights of 16
-// columns. Sums within a block of 32 inputs are exact int32; each block then adds once, in float, to the
-// column's sum, in input order. No horizontal sums, and every (position, column) runs the same
-// arithmetic whatever the tile of positions it is computed in.
+// columns. Sums within an activation block (64 inputs, or 32: `lin_block`) are exact int32; each block then
+// adds once, in float, to the column's sum, in input order. No horizontal sums, and every (position, column)
+// runs the same arithmetic whatever the tile of positions it is computed in.
 //
 // Q4 layout, per 16-column block and 64-input chunk: 8 vectors of 64 bytes; byte 4n + j of vector t holds
-// q[n][4t + j] (low nibble) and q[n][32 + 4t + j] (high nibble). s16, z: [N/16][K/G][16]. The zero point
-// enters once per group through the activations' group sums: -z*s is exact in fp32 (an fp16 times 0..15).
-// The high nibbles are not shifted down: `v & 0xf0` is 16 x the nibble, its block sum (< 2^24) converts to
-// float exactly and meets s / 16 (exact), so the product is bitwise the shifted one's, one instruction fewer.
+// q[n][4t + j] (low nibble) and q[n][32 + 4t + j] (high nibble). s16, z: [N/16][K/G][16]. Both nibbles are
+// used as 16 x their value (`v & 0xf0`, and `(v << 4) & 0xf0`), so one int32 accumulator per position holds
+// 16 x the chunk's sum of q * x; the zero point enters in the same integers (- 16 z * the activations' block
+// sum, one `vpdpwssd`), and the exact sum 16 sum (q - z) x (< 2^21) meets d * s / 16 once: one conversion and
+// one multiply-add per (position, 64 inputs).
 // Q8 layout (head): 16 vectors of 64 bytes per chunk; byte 4n + j of vector t is w[n][4t + j] + 128.
 
 static inline int32_t load_i32(const int8_t* p) {
@@ -261,56 +276,61 @@ static inline int32_t load_i32(const int8_t* p) {
 // int8 head measured slower with it (0.81-1.00 ms -> 0.87-1.17 ms at 1 row), so it has none.
 constexpr int PREFETCH_BYTES = 2048;
 
-template <int R>
+template <int R, int AB>
 static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y, int ldy) {
     const int K = L->K, nc = K / 64, G = L->group, ng = K / G, cpg = G / 64;
-    constexpr int P = R < 4 ? 2 : 1;  // independent partial sums per block: short dependency chains
+    // independent partial sums per position (short dependency chains); blocks of 32: low and high apart
+    constexpr int P = AB == 32 ? 2 : (R <= 2 ? 4 : (R < 6 ? 2 : 1));
     const uint8_t* wq = L->q + (size_t)nb * nc * 512;
     const uint16_t* S = L->s16 + (size_t)nb * ng * 16;
-    const __m512i lo = _mm512_set1_epi8(0x0f);
+    const uint8_t* Z = L->z + (size_t)nb * ng * 16;
+    const __m512i hi = _mm512_set1_epi8((char)0xf0);
     __m512 acc[R];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    __m512i zn = _mm512_setzero_si512();  // the group's -16 z as int16 in the low half of each lane
+    __m512 s_16 = _mm512_setzero_ps();    // the group's s / 16 (exact)
     for (int ci = 0; ci < nc; ci++) {
-        __m512i i0[R][P], i1[R][P];
+        if (ci % cpg == 0) {
+            const int g = ci / cpg;
+            const __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(Z + (size_t)g * 16)));
+            zn = _mm512_and_si512(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(z, 4)), _mm512_set1_epi32(0xffff));
+            s_16 = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(S + (size_t)g * 16))), _mm512_set1_ps(0.0625f));
+        }
+        __m512i ib[R][P];
         for (int r = 0; r < R; r++)
-            for (int p = 0; p < P; p++) i0[r][p] = i1[r][p] = _mm512_setzero_si512();
+            for (int p = 0; p < P; p++) ib[r][p] = _mm512_setzero_si512();
         const uint8_t* w = wq + (size_t)ci * 512;
         for (int t = 0; t < 8; t++) {
             _mm_prefetch((const char*)(w + PREFETCH_BYTES + t * 64), _MM_HINT_T0);
             const __m512i v = _mm512_loadu_si512((const void*)(w + t * 64));
-            const __m512i l = _mm512_and_si512(v, lo), h = _mm512_andnot_si512(lo, v);  // h: 16 x the high nibble
+            const __m512i l = _mm512_and_si512(_mm512_slli_epi16(v, 4), hi), h = _mm512_and_si512(v, hi);
             for (int r = 0; r < R; r++) {
                 const int8_t* x = a->q + (size_t)(m0 + r) * K + ci * 64 + 4 * t;
-                i0[r][t % P] = _mm512_dpbusd_epi32(i0[r][t % P], l, _mm512_set1_epi32(load_i32(x)));
-                i1[r][t % P] = _mm512_dpbusd_epi32(i1[r][t % P], h, _mm512_set1_epi32(load_i32(x + 32)));
+                ib[r][2 * t % P] = _mm512_dpbusd_epi32(ib[r][2 * t % P], l, _mm512_set1_epi32(load_i32(x)));
+                ib[r][(2 * t + 1) % P] = _mm512_dpbusd_epi32(ib[r][(2 * t + 1) % P], h, _mm512_set1_epi32(load_i32(x + 32)));
             }
         }
-        const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(S + (size_t)(ci / cpg) * 16)));
-        const __m512 s_16 = _mm512_mul_ps(s, _mm512_set1_ps(0.0625f));  // exact: the high sums are 16x (< 2^24)
         for (int r = 0; r < R; r++) {
-            __m512i b0 = i0[r][0], b1 = i1[r][0];
-            if (P == 2) {
-                b0 = _mm512_add_epi32(b0, i0[r][P - 1]);
-                b1 = _mm512_add_epi32(b1, i1[r][P - 1]);
+            if constexpr (AB == 32) {  // ib[r][0]: inputs 0..31 of the chunk (low nibbles), ib[r][1]: 32..63
+                for (int hf = 0; hf < 2; hf++) {
+                    const size_t blk = (size_t)(m0 + r) * 2 * nc + 2 * ci + hf;
+                    const __m512i b = _mm512_dpwssd_epi32(ib[r][hf], zn, _mm512_set1_epi32(a->xs[blk]));
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_mul_ps(_mm512_set1_ps(a->d[blk]), s_16), acc[r]);
+                }
+                continue;
             }
-            const float* d = a->d + (size_t)(m0 + r) * (K / 32) + 2 * ci;
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b0), _mm512_mul_ps(_mm512_set1_ps(d[0]), s), acc[r]);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b1), _mm512_mul_ps(_mm512_set1_ps(d[1]), s_16), acc[r]);
+            __m512i b = ib[r][0];
+            if (P == 4) b = _mm512_add_epi32(_mm512_add_epi32(b, ib[r][2]), _mm512_add_epi32(ib[r][1], ib[r][3]));
+            if (P == 2) b = _mm512_add_epi32(b, ib[r][1]);
+            const size_t blk = (size_t)(m0 + r) * nc + ci;
+            b = _mm512_dpwssd_epi32(b, zn, _mm512_set1_epi32(a->xs[blk]));  // |block sum| <= 64 * 127: an int16
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_mul_ps(_mm512_set1_ps(a->d[blk]), s_16), acc[r]);
         }
     }
-    const uint8_t* Z = L->z + (size_t)nb * ng * 16;
     const int n0 = nb * 16, cnt = L->N - n0 < 16 ? L->N - n0 : 16;
     const __mmask16 mask = (__mmask16)((1u << cnt) - 1);
-    __m512 zs[R];  // sum over groups of -z*s times the group's activation sum
-    for (int r = 0; r < R; r++) zs[r] = _mm512_setzero_ps();
-    for (int g = 0; g < ng; g++) {
-        const __m512 zf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(Z + (size_t)g * 16))));
-        const __m512 sg = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(S + (size_t)g * 16)));
-        const __m512 mz = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(zf, sg));
-        for (int r = 0; r < R; r++) zs[r] = _mm512_fmadd_ps(mz, _mm512_set1_ps(a->gsum[(size_t)(m0 + r) * ng + g]), zs[r]);
-    }
     for (int r = 0; r < R; r++) {
-        __m512 v = _mm512_add_ps(acc[r], zs[r]);
+        __m512 v = acc[r];
         if (L->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, L->bias + n0));
         _mm512_mask_storeu_ps(y + (size_t)(m0 + r) * ldy + n0, mask, v);
     }
@@ -383,26 +403,26 @@ static void q4_col_scalar(const Lin* L, int n, const Act* a, int m, float* y, in
     const int K = L->K, nc = K / 64, G = L->group, ng = K / G, cpg = G / 64, nb = n / 16, c = n % 16;
     const uint8_t* wq = L->q + (size_t)nb * nc * 512;
     const int8_t* x = a->q + (size_t)m * K;
-    const float* d = a->d + (size_t)m * (K / 32);
+    const int nbl = K / lin_block(L), per = 64 / lin_block(L);  // activation blocks per row, per chunk
+    const float* d = a->d + (size_t)m * nbl;
+    const int32_t* xs = a->xs + (size_t)m * nbl;
     float acc = 0.0f;
     for (int ci = 0; ci < nc; ci++) {
-        int s0 = 0, s1 = 0;
+        int dot[2] = {0, 0};  // inputs 0..31 (low nibbles), 32..63 (high)
         for (int t = 0; t < 8; t++)
             for (int j = 0; j < 4; j++) {
                 const uint8_t b = wq[(size_t)ci * 512 + t * 64 + 4 * c + j];
-                s0 += (b & 15) * x[ci * 64 + 4 * t + j];
-                s1 += (b >> 4) * x[ci * 64 + 32 + 4 * t + j];
+                dot[0] += (b & 15) * x[ci * 64 + 4 * t + j];
+                dot[1] += (b >> 4) * x[ci * 64 + 32 + 4 * t + j];
             }
-        const float s = half_to_f32(L->s16[((size_t)nb * ng + ci / cpg) * 16 + c]);
-        acc += (float)s0 * (d[2 * ci] * s);
-        acc += (float)s1 * (d[2 * ci + 1] * s);
+        if (per == 1) dot[0] += dot[1];
+        const size_t i = ((size_t)nb * ng + ci / cpg) * 16 + c;
+        for (int k = 0; k < per; k++) {
+            const int b16 = 16 * (dot[k] - (int)L->z[i] * xs[per * ci + k]);  // the vector path's exact int32
+            acc += (float)b16 * (d[per * ci + k] * (half_to_f32(L->s16[i]) * 0.0625f));
+        }
     }
-    float z = 0.0f;
-    for (int g = 0; g < ng; g++) {
-        const size_t i = ((size_t)nb * ng + g) * 16 + c;
-        z += -((float)L->z[i] * half_to_f32(L->s16[i])) * a->gsum[(size_t)m * ng + g];
-    }
-    float v = acc + z;
+    float v = acc;
     if (L->bias) v += L->bias[n];
     y[(size_t)m * ldy + n] = v;
 }
@@ -433,7 +453,10 @@ static void f32_col_scalar(const Lin* L, int n, const float* x, int m, float* y,
 #if PARLEY_VNNI
 template <int R>
 static inline void quant_block(const Lin* L, int nb, const Act* a, int m0, float* y) {
-    if (L->kind == W_Q4) q4_block<R>(L, nb, a, m0, y, L->N);
+    if (L->kind == W_Q4) {
+        if (lin_block(L) == 32) q4_block<R, 32>(L, nb, a, m0, y, L->N);
+        else q4_block<R, 64>(L, nb, a, m0, y, L->N);
+    }
     else q8_block<R>(L, nb, a, m0, y, L->N);
 }
 #endif
@@ -889,11 +912,9 @@ static void attend_block(const Cache* c, const KV* kv, int h, int j0, int j1, in
     attend_scored(c, kv, h, j0, j1, D, nq, part, s);
 }
 
-// The rest of attend_block once s holds the block's scaled scores.
-static void attend_scored(const Cache* c, const KV* kv, int h, int j0, int j1, int D, int nq, float* part, float* s) {
-    const size_t base = (size_t)h * c->max_len;
-    const int n = j1 - j0;
-    for (int i = 0; i < nq; i++) {  // the block's softmax numerators
+// The block's softmax numerators: s[i][j] <- e^{s_ij - max_i} for j < n, and part[i] = {., max_i, sum_i}.
+static void block_softmax(int nq, int n, int D, float* s, float* part) {
+    for (int i = 0; i < nq; i++) {
         float* si = s + (size_t)i * ATT_BLOCK;
         float mx = -INFINITY, sum = 0.0f;
         int j = 0;
@@ -919,6 +940,13 @@ static void attend_scored(const Cache* c, const KV* kv, int h, int j0, int j1, i
         part[(size_t)i * (D + 2) + D] = mx;
         part[(size_t)i * (D + 2) + D + 1] = sum;
     }
+}
+
+// The rest of attend_block once s holds the block's scaled scores.
+static void attend_scored(const Cache* c, const KV* kv, int h, int j0, int j1, int D, int nq, float* part, float* s) {
+    const size_t base = (size_t)h * c->max_len;
+    const int n = j1 - j0;
+    block_softmax(nq, n, D, s, part);
 #if PARLEY_VNNI
     if (c->kind == KV_INT8 && D == 64 && nq <= 8) return dispatch_nq(nq, [&](auto k) { values_int8<decltype(k)::value>(c, kv, base, j0, n, s, part); });
     if (D % 16 == 0 && D <= 256 && nq <= 8) {
@@ -975,6 +1003,116 @@ static void attend_scored(const Cache* c, const KV* kv, int h, int j0, int j1, i
             for (int d = 0; d < D; d++) part[(size_t)i * (D + 2) + d] += p * vbuf[d];
         }
     }
+}
+
+#if PARLEY_VNNI
+// QG queries' weights (int16, pairs of keys) against the widened value pairs X: out[i][t] as values_int8's acc.
+template <int QG>
+static inline void values_pairs(const __m512i (*X)[4], int npairs, const int16_t (*u)[ATT_BLOCK + 32], int32_t (*out)[4][16]) {
+    __m512i acc[QG][4];
+    for (int i = 0; i < QG; i++)
+        for (int t = 0; t < 4; t++) acc[i][t] = _mm512_setzero_si512();
+    for (int jp = 0; jp < npairs; jp++)
+        for (int i = 0; i < QG; i++) {
+            int32_t pair;
+            std::memcpy(&pair, u[i] + 2 * jp, 4);
+            const __m512i w = _mm512_set1_epi32(pair);
+            for (int t = 0; t < 4; t++) acc[i][t] = _mm512_dpwssd_epi32(acc[i][t], X[jp][t], w);
+        }
+    for (int i = 0; i < QG; i++)
+        for (int t = 0; t < 4; t++) _mm512_store_si512((void*)out[i][t], acc[i][t]);
+}
+
+// values_int8 for the nq heads of each of np positions that start at key j0 together (query k = head k % nq of
+// position k / nq: weights at s + k * ATT_BLOCK over keys [j0, j0 + n[k / nq]), partial at part[k]): each pair
+// of value rows is widened to int16 once for all of them. A query's weights are quantized as values_int8's and
+// are zero past its own keys, so each output is the same exact int32 sum, scaled by the same float: bitwise
+// values_int8's, whatever np.
+static void values_int8_shared(const KV* kv, size_t base, int j0, int np, int nq, const int* n, float* s, float* const* part) {
+    const int Q = np * nq;
+    int nmax = 0;
+    for (int k = 0; k < np; k++) nmax = std::max(nmax, n[k]);
+    alignas(64) int16_t u[ATT_GROUP * 8][ATT_BLOCK + 32];
+    float cq[ATT_GROUP * 8];
+    const float* vs = kv->vs + base + j0;
+    for (int k = 0; k < Q; k++) {  // values_int8's quantization of the weights, query by query
+        const int nk = n[k / nq];
+        float* si = s + (size_t)k * ATT_BLOCK;
+        __m512 mv = _mm512_setzero_ps();
+        for (int j = 0; j < nk; j += 16) {
+            const __mmask16 mask = (__mmask16)(nk - j >= 16 ? 0xffff : (1u << (nk - j)) - 1);
+            const __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, si + j), _mm512_maskz_loadu_ps(mask, vs + j));
+            _mm512_storeu_ps(si + j, w);
+            mv = _mm512_max_ps(mv, w);
+        }
+        const float wmax = _mm512_reduce_max_ps(mv);
+        cq[k] = wmax / 32767.0f;
+        const __m512 inv = _mm512_set1_ps(wmax > 0 ? 32767.0f / wmax : 0.0f);
+        int j = 0;
+        for (; j < nk; j += 16) {
+            const __mmask16 mask = (__mmask16)(nk - j >= 16 ? 0xffff : (1u << (nk - j)) - 1);
+            const __m512i q = _mm512_maskz_cvtps_epi32(mask, _mm512_mul_ps(_mm512_loadu_ps(si + j), inv));
+            _mm256_storeu_si256((__m256i*)(u[k] + j), _mm512_cvtepi32_epi16(q));  // zero past nk
+        }
+        for (; j <= nmax; j++) u[k][j] = 0;  // and on to the longest position's keys (+1: an odd count's pair)
+    }
+    const int npairs = (nmax + 1) / 2;
+    alignas(64) __m512i X[ATT_BLOCK / 2][4];  // pair jp: rows 2jp, 2jp + 1 interleaved as int16 pairs
+    const int8_t* V8 = (const int8_t*)kv->v + (base + j0) * 64;
+    for (int jp = 0; jp < npairs; jp++) {
+        const int8_t* ra = V8 + (size_t)2 * jp * 64;
+        const __m256i* rb = (const __m256i*)(2 * jp + 1 < nmax ? ra + 64 : ra);  // weight 0 when past the end
+        const __m512i alo = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)ra));
+        const __m512i ahi = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(ra + 32)));
+        const __m512i blo = _mm512_cvtepi8_epi16(_mm256_loadu_si256(rb));
+        const __m512i bhi = _mm512_cvtepi8_epi16(_mm256_loadu_si256(rb + 1));
+        X[jp][0] = _mm512_unpacklo_epi16(alo, blo);
+        X[jp][1] = _mm512_unpackhi_epi16(alo, blo);
+        X[jp][2] = _mm512_unpacklo_epi16(ahi, bhi);
+        X[jp][3] = _mm512_unpackhi_epi16(ahi, bhi);
+    }
+    constexpr int QG = 6;  // queries per sweep: 24 accumulators in registers
+    for (int k0 = 0; k0 < Q; k0 += QG) {
+        const int qn = std::min(QG, Q - k0);
+        int np_g = 0;  // the sweep's longest keys
+        for (int k = k0; k < k0 + qn; k++) np_g = std::max(np_g, (n[k / nq] + 1) / 2);
+        alignas(64) int32_t r[QG][4][16];
+        switch (qn) {
+        case 1: values_pairs<1>(X, np_g, u + k0, r); break;
+        case 2: values_pairs<2>(X, np_g, u + k0, r); break;
+        case 3: values_pairs<3>(X, np_g, u + k0, r); break;
+        case 4: values_pairs<4>(X, np_g, u + k0, r); break;
+        case 5: values_pairs<5>(X, np_g, u + k0, r); break;
+        default: values_pairs<QG>(X, np_g, u + k0, r); break;
+        }
+        // lane e of X[.][t] holds dim 32 * (t / 2) + 8 * (e / 4) + 4 * (t % 2) + e % 4
+        for (int i = 0; i < qn; i++) {
+            float* o = part[k0 + i];
+            for (int t = 0; t < 4; t++)
+                for (int e = 0; e < 16; e++) o[32 * (t / 2) + 8 * (e / 4) + 4 * (t % 2) + e % 4] = (float)r[i][t][e] * cq[k0 + i];
+        }
+    }
+}
+#endif
+
+// attend_scored for np positions that start at key j0 together (position k: keys [j0, j1[k]), its nq score rows
+// at s + k * nq * ATT_BLOCK, its partials at part[k]): int8 values are read and widened once for all of them.
+static void attend_scored_group(const Cache* c, const KV* kv, int h, int j0, int np, const int* j1, int D, int nq,
+                                float* const* part, float* s) {
+#if PARLEY_VNNI
+    if (c->kind == KV_INT8 && D == 64 && nq <= 8 && np <= ATT_GROUP) {
+        int n[ATT_GROUP];
+        float* pq[ATT_GROUP * 8];
+        for (int k = 0; k < np; k++) {
+            n[k] = j1[k] - j0;
+            block_softmax(nq, n[k], D, s + (size_t)k * nq * ATT_BLOCK, part[k]);
+            for (int i = 0; i < nq; i++) pq[k * nq + i] = part[k] + (size_t)i * (D + 2);
+        }
+        values_int8_shared(kv, (size_t)h * c->max_len, j0, np, nq, n, s, pq);
+        return;
+    }
+#endif
+    for (int k = 0; k < np; k++) attend_scored(c, kv, h, j0, j1[k], D, nq, part[k], s + (size_t)k * nq * ATT_BLOCK);
 }
 
 // out[i] = the softmax-weighted values of query head i from `nblocks` partials, merged in block order.
@@ -1099,8 +1237,12 @@ static void attend_nodes(const Cache* vc, const KV* vkv, int vh, int shift, int 
             }
             if (np > 1) {
                 scores_int8_shared(vkv, (size_t)vh * vc->max_len, j0 - shift, n, np, G, qs, scale, s);
-                for (int k = 0; k < np; k++)
-                    attend_scored(vc, vkv, vh, j0 - shift, j1[k] - shift, D, G, part(mk[k]), s + (size_t)k * G * ATT_BLOCK);
+                float* pk[ATT_GROUP];
+                for (int k = 0; k < np; k++) {
+                    pk[k] = part(mk[k]);
+                    j1[k] -= shift;
+                }
+                attend_scored_group(vc, vkv, vh, j0 - shift, np, j1, D, G, pk, s);
                 i += np - 1;
                 continue;
             }
@@ -1208,7 +1350,6 @@ static Act new_act(int M, int maxK) {
     a.q = (int8_t*)scratch((size_t)M * maxK);
     a.d = (float*)scratch((size_t)M * (maxK / 32) * 4);
     a.xs = (int32_t*)scratch((size_t)M * (maxK / 32) * 4);
-    a.gsum = (float*)scratch((size_t)M * (maxK / 32) * 4);
     return a;
 }
 
@@ -1216,7 +1357,6 @@ static void free_act(Act* a) {
     std::free(a->q);
     std::free(a->d);
     std::free(a->xs);
-    std::free(a->gsum);
 }
 
 static int g_threads = 0;  // 0: OpenMP's default
@@ -1261,7 +1401,7 @@ extern "C" int parley_linear(const Lin* L, int M, const float* x, float* y) {
     Act a = new_act(M, L->K);
 #pragma omp parallel
     {
-        if (L->kind != W_F32) quantize_acts(x, M, L->K, L->kind == W_Q4 ? L->group : L->K, &a);
+        if (L->kind != W_F32) quantize_acts(x, M, L->K, lin_block(L), &a);
         linear(L, M, x, &a, y);
     }
     free_act(&a);
@@ -1399,7 +1539,7 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
             if (l > 0) for (int i = 0; i < dim; i++) xr[i] += tmp[(size_t)m * dim + i];
             rmsnorm_row(xr, L->attn_norm, xn + (size_t)m * dim, dim, md->eps);
             if (L->qkv.kind != W_F32)
-                quantize_row(xn + (size_t)m * dim, dim, L->qkv.group, &a, m);
+                quantize_row(xn + (size_t)m * dim, dim, lin_block(&L->qkv), &a, m);
         }
         linear(&L->qkv, M, xn, &a, qkv);
 #pragma omp for schedule(static)
@@ -1423,7 +1563,7 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
         for (int m = 0; m < M; m++) {  // merge the blocks, then quantize for the output projection
             attend_merge(KVH, G, D, L->window, (int)positions[m], nblk, parts + (size_t)m * KVH * nblk * part_stride,
                          att + (size_t)m * H * D);
-            if (L->o.kind != W_F32) quantize_row(att + (size_t)m * H * D, H * D, L->o.group, &a, m);
+            if (L->o.kind != W_F32) quantize_row(att + (size_t)m * H * D, H * D, lin_block(&L->o), &a, m);
         }
         linear(&L->o, M, att, &a, tmp);
 #pragma omp for schedule(static)
@@ -1433,7 +1573,7 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
             for (int i = 0; i < dim; i++) xr[i] += tmp[(size_t)m * dim + i];
             rmsnorm_row(xr, L->ffn_norm, xn + (size_t)m * dim, dim, md->eps);
             if (L->gate_up.kind != W_F32)
-                quantize_row(xn + (size_t)m * dim, dim, L->gate_up.group, &a, m);
+                quantize_row(xn + (size_t)m * dim, dim, lin_block(&L->gate_up), &a, m);
         }
         linear(&L->gate_up, M, xn, &a, gu);
 #pragma omp for schedule(static)
@@ -1441,7 +1581,7 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
             if (md->act == 1) gelu_mul_row(gu + (size_t)m * 2 * I, I, xn + (size_t)m * I);
             else silu_mul_row(gu + (size_t)m * 2 * I, I, xn + (size_t)m * I);
             if (L->down.kind != W_F32)
-                quantize_row(xn + (size_t)m * I, I, L->down.group, &a, m);
+                quantize_row(xn + (size_t)m * I, I, lin_block(&L->down), &a, m);
         }
         linear(&L->down, M, xn, &a, tmp);
         if (L->post_ffn_norm) {
@@ -1457,8 +1597,8 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
     }
 #pragma omp parallel
     {
-        if (md->head.kind != W_F32)  // the int8 head quantizes per row; a 4-bit head per its groups
-            quantize_acts(xn, rows, dim, md->head.kind == W_Q4 ? md->head.group : dim, &a);
+        if (md->head.kind != W_F32)
+            quantize_acts(xn, rows, dim, lin_block(&md->head), &a);
         linear(&md->head, rows, xn, &a, logits);
     }
     std::free(x); std::free(xn); std::free(qkv); std::free(att); std::free(gu); std::free(tmp);
@@ -1510,7 +1650,7 @@ struct FieldLayout { const char* type; const char* field; int offset, size; };  
 static const FieldLayout parley_layout_table[] = {
     PARLEY_STRUCT(Lin), PARLEY_FIELD(Lin, kind), PARLEY_FIELD(Lin, N), PARLEY_FIELD(Lin, K),
     PARLEY_FIELD(Lin, group), PARLEY_FIELD(Lin, q), PARLEY_FIELD(Lin, s), PARLEY_FIELD(Lin, s16),
-    PARLEY_FIELD(Lin, z), PARLEY_FIELD(Lin, w), PARLEY_FIELD(Lin, bias),
+    PARLEY_FIELD(Lin, z), PARLEY_FIELD(Lin, w), PARLEY_FIELD(Lin, bias), PARLEY_FIELD(Lin, act_block),
     PARLEY_STRUCT(Layer), PARLEY_FIELD(Layer, attn_norm), PARLEY_FIELD(Layer, ffn_norm),
     PARLEY_FIELD(Layer, q_norm), PARLEY_FIELD(Layer, k_norm), PARLEY_FIELD(Layer, qkv), PARLEY_FIELD(Layer, o),
     PARLEY_FIELD(Layer, gate_up), PARLEY_FIELD(Layer, down), PARLEY_FIELD(Layer, window),

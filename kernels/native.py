@@ -44,7 +44,7 @@ _why_not: str | None = None
 class Lin(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int32), ("N", ctypes.c_int32), ("K", ctypes.c_int32), ("group", ctypes.c_int32),
                 ("q", ctypes.c_void_p), ("s", ctypes.c_void_p), ("s16", ctypes.c_void_p), ("z", ctypes.c_void_p),
-                ("w", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
+                ("w", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("act_block", ctypes.c_int32)]
 
 
 class Layer(ctypes.Structure):
@@ -273,11 +273,14 @@ def pack_q8(weight: Tensor) -> dict[str, Tensor]:
 
 def lin(kind: int, N: int, K: int, group: int = 0, q: Tensor | None = None, s: Tensor | None = None,
         s16: Tensor | None = None, z: Tensor | None = None, w: Tensor | None = None,
-        bias: Tensor | None = None) -> Lin:
+        bias: Tensor | None = None, act_block: int = 64) -> Lin:
+    """`act_block`: the block of inputs (64 or 32) an INT4 product's activations are quantized in."""
     def ptr(t: Tensor | None) -> int | None:
         if t is None:
             return None
         assert t.is_contiguous() and t.device.type == "cpu", "native tensors must be contiguous CPU tensors"
         return t.data_ptr()
 
-    return Lin(kind, N, K, group, ptr(q), ptr(s), ptr(s16), ptr(z), ptr(w), ptr(bias))
+    if act_block not in (32, 64):
+        raise ValueError(f"act_block must be 32 or 64, not {act_block}")
+    return Lin(kind, N, K, group, ptr(q), ptr(s), ptr(s16), ptr(z), ptr(w), ptr(bias), act_block)

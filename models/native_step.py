@@ -3,8 +3,8 @@
 `Transformer.forward` stays the definition (the model carries no trace of this step); this computes the
 same function with the decoder weights repacked for integer dot products (INT4 layers) or read in place
 (fp32 layers), q/k/v and gate/up fused, and attention reading the KV cache in its stored form. Activations
-entering each INT4 or int8 product are quantized to 8 bits per block of 32, as llama.cpp does; `parley
-bench quality` measures the cost.
+entering each INT4 or int8 product are quantized to 8 bits per block of 64 inputs (32 for the MLP's down
+projection and the int8 head, where 64 cost accuracy); `parley bench quality` measures the cost.
 Every position is computed by the same arithmetic whatever the pass length, so logits are batch invariant.
 """
 
@@ -123,7 +123,7 @@ class NativeStep:
             L.qkv = self._linear(f"{i}.qkv", [at.q_proj, at.k_proj, at.v_proj])
             L.o = self._linear(f"{i}.o", [at.o_proj])
             L.gate_up = self._linear(f"{i}.gate_up", [mlp.gate_proj, mlp.up_proj], interleave=True)
-            L.down = self._linear(f"{i}.down", [mlp.down_proj])
+            L.down = self._linear(f"{i}.down", [mlp.down_proj], act_block=32)  # cpu_step.cpp: quantize_row
             L.window = c.layer_windows[i]
             if block.sandwich:
                 L.post_attn_norm = self._ptr(block.post_attention_layernorm.weight)
@@ -227,7 +227,7 @@ class NativeStep:
         self.packed.update({f"{name}.{k}": out[k] for k in shapes})
         return out
 
-    def _linear(self, name: str, mods: list[nn.Module], interleave: bool = False) -> native.Lin:
+    def _linear(self, name: str, mods: list[nn.Module], interleave: bool = False, act_block: int = 64) -> native.Lin:
         """Fuse linears that share their input into one product (columns concatenated, or gate/up interleaved)."""
         if all(isinstance(m, Int4Linear) for m in mods):
             groups = {m.group_size for m in mods}
@@ -253,7 +253,7 @@ class NativeStep:
             biases = [m.bias for m in mods]
             bias = self._keep(torch.cat([b.float() for b in biases]).contiguous()) if biases[0] is not None else None
             return native.lin(native.W_Q4, N, K, mods[0].group_size, q=self._keep(packed["q"]),
-                              s16=self._keep(packed["s16"]), z=self._keep(packed["z"]), bias=bias)
+                              s16=self._keep(packed["s16"]), z=self._keep(packed["z"]), bias=bias, act_block=act_block)
         if all(isinstance(m, nn.Linear) for m in mods):
             ws = [m.weight.detach().float() for m in mods]
             w = _interleave16(ws[0], ws[1], 0) if interleave else torch.cat(ws, dim=0)

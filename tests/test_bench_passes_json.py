@@ -1,5 +1,5 @@
 """`parley bench passes --json` prints one object: each pass length's time and ratio to a 1-token pass per depth,
-and the INT4 products' GMAC/s per core beside the VNNI peak."""
+the INT4 products' GMAC/s per core beside the VNNI peak, and a prefill's one-thread CPU time."""
 
 import json
 import subprocess
@@ -14,7 +14,7 @@ from parley.kernels import native
 def test_random_weights_bench_prints_one_json_object():
     out = subprocess.run(
         [sys.executable, "-m", "parley.app.cli", "bench", "passes", "--random", "small", "--passes", "1,2,4",
-         "--depths", "0,300", "--rows", "8", "--repeats", "1", "--threads", "1", "--json"],
+         "--depths", "0,300", "--rows", "8", "--repeats", "1", "--threads", "1", "--prefill-tokens", "40", "--json"],
         capture_output=True, text=True, timeout=300,
     )
     assert out.returncode == 0, out.stderr
@@ -27,3 +27,5 @@ def test_random_weights_bench_prints_one_json_object():
     products = report["products"]
     assert [r["rows"] for r in products["by_rows"]] == [8] and products["by_rows"][0]["gmacs_per_core"] > 0
     assert products["vnni_peak_gmacs_per_core"] >= 0  # 0 where the CPU has no VNNI
+    prefill = report["prefill_one_thread_cpu"]
+    assert prefill["tokens"] == 40 and prefill["ms"] > 0 and prefill["tokens_per_cpu_second"] > 0

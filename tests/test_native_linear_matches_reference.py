@@ -1,8 +1,9 @@
 """The native step's products equal an independent float64 computation of the same arithmetic.
 
 INT4 weights (AWQ layout, several group sizes, with and without bias) times activations quantized to int8
-in blocks of 32, and the int8 output head, through the library's own `parley_linear` entry point. Pins the
-nibble layout, the zero points, the per-block activation scales, the gate/up interleave and the bias.
+in blocks of 64 or 32 (the product's `act_block`), and the int8 output head (blocks of 32), through the
+library's own `parley_linear` entry point. Pins the nibble layout, the zero points, the per-block activation scales (a
+reference with the other block size fails), the gate/up interleave and the bias.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ lib = native.load()
 pytestmark = pytest.mark.skipif(lib is None, reason=f"native step unavailable: {native.why_unavailable()}")
 
 
-def quantize_acts_ref(x: torch.Tensor) -> torch.Tensor:
-    """x [M, K] -> its int8-per-32-block reconstruction, in float64 (round half to even, as nearbyint)."""
-    b = x.double().reshape(x.shape[0], -1, 32)
+def quantize_acts_ref(x: torch.Tensor, block: int) -> torch.Tensor:
+    """x [M, K] -> its int8-per-block reconstruction, in float64 (round half to even, as nearbyint)."""
+    b = x.double().reshape(x.shape[0], -1, block)
     d = (b.abs().amax(-1) / 127).float().double()  # the scale is an fp32 number in the library
     inv = torch.where(d > 0, 1 / d.float(), torch.zeros_like(d.float())).double()
     q = torch.round((b.float() * inv.float()[..., None]).double()).clamp(-127, 127)
@@ -35,11 +36,12 @@ def run_linear(L: native.Lin, x: torch.Tensor) -> torch.Tensor:
     return y
 
 
+@pytest.mark.parametrize("act_block", [64, 32])
 @pytest.mark.parametrize("group", [64, 128])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("M", [1, 3, 5, 17])
-def test_int4_linear_matches_float64(group: int, bias: bool, M: int) -> None:
-    seed = 1000 + group + 7 * M + bias
+def test_int4_linear_matches_float64(act_block: int, group: int, bias: bool, M: int) -> None:
+    seed = 1000 + group + 7 * M + bias + act_block
     g = torch.Generator().manual_seed(seed)
     K, N = 256, 44  # N not a multiple of the 16-column block: the padded last block runs too
     q = torch.randint(0, 16, (K, N), generator=g)
@@ -49,10 +51,11 @@ def test_int4_linear_matches_float64(group: int, bias: bool, M: int) -> None:
     x = torch.randn(M, K, generator=g) * 3
     x[0, 5] = 40.0  # an outlier in one block
     packed = native.pack_q4(q, z, s, group)
-    L = native.lin(native.W_Q4, N, K, group, q=packed["q"], s16=packed["s16"], z=packed["z"], bias=b)
+    L = native.lin(native.W_Q4, N, K, group, q=packed["q"], s16=packed["s16"], z=packed["z"], bias=b,
+                   act_block=act_block)
     y = run_linear(L, x)
     w = (q.double() - z.double().repeat_interleave(group, 0)) * s.double().repeat_interleave(group, 0)
-    ref = quantize_acts_ref(x) @ w + (b.double() if bias else 0)
+    ref = quantize_acts_ref(x, act_block) @ w + (b.double() if bias else 0)
     err = (y.double() - ref).abs().max().item()
     assert err < 1e-4 * ref.abs().max().item(), f"seed={seed}: max error {err}"
 
@@ -68,7 +71,7 @@ def test_int8_head_matches_float64() -> None:
     y = run_linear(L, x)
     q8, scale = native.quantize_q8_rows(w)
     wq = q8.double() * scale.double()[:, None]
-    ref = quantize_acts_ref(x) @ wq.t()
+    ref = quantize_acts_ref(x, 32) @ wq.t()
     err = (y.double() - ref).abs().max().item()
     assert err < 1e-4 * ref.abs().max().item(), f"seed={seed}: max error {err}"
 

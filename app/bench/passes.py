@@ -6,7 +6,8 @@ verification runs; nothing is committed, so every pass writes the same slots), i
 neighbour's burst lands on every T alike, and prints each pass's median time and its ratio to a 1-token pass.
 Then the INT4 products of one real layer (q/k/v, o, gate/up, down) on one thread at T = 8, 64, 512 rows: GMAC/s
 beside the core's measured AVX-512 VNNI peak (16 independent `vpdpbusd` chains), both in the thread's CPU time,
-so that a neighbour taking the core does not count against the kernel.
+so that a neighbour taking the core does not count against the kernel; and a 512-token prefill on one thread in
+CPU time (`--prefill-tokens`), the load-robust companion of `bench decode`'s wall-clock prefill.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", default="8,64,512", help="comma-separated rows (tokens) for the products' GMAC/s")
     p.add_argument("--breakdown", type=int, default=8, metavar="T",
                    help="also split a pass of T tokens (and of 1) into products, head and the rest, one thread")
+    p.add_argument("--prefill-tokens", type=int, default=512, metavar="N",
+                   help="also time a prefill of N tokens on one thread in CPU time (0: skip)")
     p.add_argument("--repeats", type=int, default=15, help="rounds; each figure is the median")
     p.add_argument("--threads", type=int, default=None, help="threads (default: automatic)")
     p.add_argument("--random", choices=sorted(RANDOM_SHAPES), default=None,
@@ -132,6 +135,30 @@ def breakdown(engine, ctx: list[int], T: int, repeats: int) -> dict:
     return {"tokens": T, **{f"{k}_ms": v for k, v in ms.items()}}
 
 
+def prefill_cpu(engine, ids: list[int], tokens: int, repeats: int) -> dict:
+    """A prefill of `tokens` tokens on one thread in its CPU time: the products at prefill tiles, attention
+    over up to `tokens` keys and the rest, robust to a busy machine (wall-clock prefill is `bench decode`'s)."""
+    step = engine.native
+    if step is None:
+        return {"error": "the native step is not attached"}
+    ctx = (ids * (tokens // max(1, len(ids)) + 1))[:tokens]
+    lib = step.lib
+    before = lib.parley_threads(-1)
+    lib.parley_threads(1)
+    try:
+        times = []
+        for r in range(max(2, repeats // 3) + 1):  # round 0 warms up
+            engine.reset_cache()
+            t = time.thread_time()
+            engine.prefill(ctx)
+            if r:
+                times.append(time.thread_time() - t)
+    finally:
+        lib.parley_threads(before)
+    s = _median(times)
+    return {"tokens": tokens, "ms": round(1e3 * s, 1), "tokens_per_cpu_second": round(tokens / s, 1)}
+
+
 def run(args: argparse.Namespace) -> int:
     from ...engine.engine import Engine
     from ...engine.threads import configure_threads
@@ -159,6 +186,8 @@ def run(args: argparse.Namespace) -> int:
              "ms_per_token": round(1e3 * ts[T] / T, 3)} for T in passes],
             "one_thread_cpu": [breakdown(engine, ctx, T, args.repeats) for T in sorted({1, args.breakdown})]})
     results["products"] = product_gmacs(engine, rows, args.repeats)
+    if args.prefill_tokens > 0:
+        results["prefill_one_thread_cpu"] = prefill_cpu(engine, ids, args.prefill_tokens, args.repeats)
 
     if args.json:
         print(json.dumps(results))
@@ -181,4 +210,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  INT4 products of one layer, one thread (VNNI peak {pr['vnni_peak_gmacs_per_core']} GMAC/s per core):")
         for r in pr["by_rows"]:
             print(f"      {r['rows']:>4} rows: {r['gmacs_per_core']:6.1f} GMAC/s = {r['pct_of_peak']}% of peak")
+    pf = results.get("prefill_one_thread_cpu")
+    if pf and "error" not in pf:
+        print(f"  prefill of {pf['tokens']} tokens, one thread, CPU time: {pf['ms']} ms = "
+              f"{pf['tokens_per_cpu_second']} tokens per CPU second")
     return 0
