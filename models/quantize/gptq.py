@@ -65,13 +65,14 @@ def refit_scales(w: Tensor, q: Tensor, scales: Tensor, zeros: Tensor, h: Tensor,
     Why: the grid was chosen before rounding (by the clipping search, for round-to-nearest); once the
     integers are fixed, each row's output is linear in its group scales, so the best scales are the
     solution of a small (in/group)^2 system per row. The layout is unchanged (same integers and zeros, fp16
-    scales), and the calibration error cannot rise above the old scales' but for fp16 rounding.
+    scales), and the calibration error cannot rise above the old scales' but for fp16 rounding (a scale fitted
+    non-positive keeps its old value).
     """
     out_f, in_f = w.shape
     n_groups = in_f // group_size
     h = h.float()
     u = q.float() - zeros.repeat_interleave(group_size, 1)  # w_hat = u * scale of its group
-    a = torch.empty(out_f, n_groups, n_groups)
+    a = torch.empty(out_f, n_groups, n_groups, device=w.device)
     for g in range(n_groups):
         cols = slice(g * group_size, (g + 1) * group_size)
         p = u[:, cols] @ h[cols, :]  # [out, in]: group g's contribution, through h, to every input channel
