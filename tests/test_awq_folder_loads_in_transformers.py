@@ -1,5 +1,5 @@
-"""The INT4 folder Parley writes (rotated residual stream, untied head, GPTQ-rounded AutoAWQ GEMM tensors)
-is read by an independent reader -- the format's description unpacked in plain Python here -- into
+"""The INT4 folder Parley writes (rotated residual stream, untied head, GPTQ-rounded AutoAWQ GEMM tensors,
+scales refit) is read by an independent reader -- the format's description unpacked in plain Python here -- into
 transformers' own LlamaForCausalLM (strict state dict: every tensor present under its HF name, none left
 over), whose logits equal Parley's on the same folder (its INT4 weights dequantized once: the CPU kernels
 quantize activations to int8, which transformers does not)."""
@@ -50,7 +50,7 @@ def test_transformers_reads_the_folder(tmp_path, rotate):
     model.config.tie_embeddings = True  # as SmolLM2: the rotated model must be written untied
     model.lm_head.weight = model.embed_tokens.weight
     tokens = torch.randint(0, 256, (3, 40), generator=torch.Generator().manual_seed(seed))
-    report = awq_quantize(model, tokens, AWQSettings(group_size=32, rotate=rotate, gptq=True))
+    report = awq_quantize(model, tokens, AWQSettings(group_size=32, rotate=rotate, gptq=True, refit_scales=True))
     assert report.rotated == rotate
     out = save_awq(model, model.config, tokenizer_files(tmp_path), tmp_path / "awq")
     cfg = json.loads((out / "config.json").read_text())

@@ -22,9 +22,9 @@ import torch
 from torch import Tensor, nn
 
 from ..progress import Progress, ProgressFn
-from .gptq import gptq_round
+from .gptq import gptq_round, refit_scales
 from .int4_linear import Int4Linear, decoder_linears
-from .pack import Bounds, fake_quantize
+from .pack import Bounds, clip, fake_quantize, group_params, quantize_int
 from .rotate import rotatable, rotate_model
 
 SUPPORTED_GROUP_SIZES = (128, 64, 32)
@@ -78,6 +78,9 @@ class AWQSettings:
     # Round with GPTQ's error compensation (gptq.py) on the AWQ-scaled, clipped grid instead of to nearest.
     gptq: bool = False
     act_order: bool = False
+    # After rounding, refit each row's group scales by least squares on the calibration Gram matrix
+    # (gptq.refit_scales): same integers and zero points, lower output error.
+    refit_scales: bool = False
 
 
 @dataclass
@@ -338,27 +341,35 @@ def awq_layer(block: nn.Module, x: Tensor, run: LayerRunner, settings: AWQSettin
     if not quantize:
         return out, alphas
     for group in groups:
-        h = gram(group.x) if settings.gptq else None
+        h = gram(group.x) if settings.gptq or settings.refit_scales else None
         for lin in group.linears:
             # q and k feed a softmax: the error of their own outputs is a poor proxy, so (as AutoAWQ) they
             # are not clipped.
-            clip = settings.clip and lin not in (block.self_attn.q_proj, block.self_attn.k_proj)
-            bound = search_clip(lin.weight.data, group.x, group_size, settings) if clip else None
+            clipped = settings.clip and lin not in (block.self_attn.q_proj, block.self_attn.k_proj)
+            bound = search_clip(lin.weight.data, group.x, group_size, settings) if clipped else None
             replace_module(block, lin, quantize_linear(lin, h, group_size, bound, settings))
         group.x = torch.empty(0)
     for lin, x_in in loose:
         bound = search_clip(lin.weight.data, x_in, group_size, settings) if settings.clip else None
-        h = gram(x_in) if settings.gptq else None
+        h = gram(x_in) if settings.gptq or settings.refit_scales else None
         replace_module(block, lin, quantize_linear(lin, h, group_size, bound, settings))
     return out, alphas
 
 
 def quantize_linear(lin: nn.Linear, h: Tensor | None, group_size: int, bound: Bounds | None,
                     settings: AWQSettings) -> Int4Linear:
-    """The INT4 module of a scaled linear: GPTQ-rounded on inputs with Gram matrix h, or rounded to nearest."""
-    if h is None:
+    """The INT4 module of a scaled linear: GPTQ-rounded on inputs with Gram matrix h, or rounded to nearest;
+    its scales then refit on h when the settings say so."""
+    if h is None and not settings.refit_scales:
         return Int4Linear.from_linear(lin, group_size, bound)
-    q, scales, zeros = gptq_round(lin.weight.data, h, group_size, bound, act_order=settings.act_order)
+    w = lin.weight.data
+    if settings.gptq:
+        q, scales, zeros = gptq_round(w, h, group_size, bound, act_order=settings.act_order)
+    else:
+        scales, zeros = group_params(w, group_size, bound)
+        q = quantize_int(clip(w, bound, group_size), scales, zeros, group_size)
+    if settings.refit_scales:
+        scales = refit_scales(w, q, scales, zeros, h, group_size)
     return Int4Linear.from_int(q, scales, zeros, group_size, lin.bias)
 
 

@@ -67,7 +67,7 @@ def default_calibration_size(device: torch.device) -> tuple[int, int]:
 def first_run_settings(group_size: int, device: torch.device) -> AWQSettings:
     """The quantization a first run ships: AWQ scales on a rotated residual stream, rounded with GPTQ (see
     README, "INT4 quality", for what each step buys and what did not pay)."""
-    awq = AWQSettings(group_size=group_size, rotate=True, gptq=True)
+    awq = AWQSettings(group_size=group_size, rotate=True, gptq=True, refit_scales=True)
     if device.type == "cpu":  # minutes, not an hour: see AWQSettings for what these trade
         awq.search_samples = 8
         if fast_cpu_bf16():
@@ -78,7 +78,7 @@ def first_run_settings(group_size: int, device: torch.device) -> AWQSettings:
 def method_name(awq: AWQSettings) -> str:
     """What the cache key and manifest call the method: a folder built by another method is never reused."""
     steps = ["rotate"] * awq.rotate + ["awq"] + ["gptq-act-order" if awq.act_order else "gptq"] * awq.gptq
-    return "+".join(steps)
+    return "+".join(steps + ["refit"] * awq.refit_scales)
 
 
 def applied_method(settings: dict[str, Any]) -> str:
@@ -313,7 +313,7 @@ def build(files: ModelFiles, key: dict[str, Any], folder: Path, calib: str | lis
                          "search_dtype": str(awq.search_dtype or dtype).removeprefix("torch."),
                          "search_samples": awq.search_samples, "n_grid": awq.n_grid,
                          "duo_scaling": awq.duo_scaling, "clip": awq.clip, "rotated": report.rotated,
-                         "gptq": awq.gptq, "act_order": awq.act_order},
+                         "gptq": awq.gptq, "act_order": awq.act_order, "refit_scales": awq.refit_scales},
             "calibration": calibration.description,
             "alphas": [layer.alphas for layer in report.layers],
             "timing": {"quantize_s": round(quantize_s, 1), "total_s": round(time.monotonic() - start, 1),

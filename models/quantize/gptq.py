@@ -54,3 +54,34 @@ def gptq_round(w: Tensor, h: Tensor, group_size: int, bounds: Bounds | None = No
         w[:, b1:] -= err @ hinv[b0:b1, b1:]
     inverse = torch.argsort(order)
     return q[:, inverse].contiguous(), scales, zeros
+
+
+@torch.no_grad()
+def refit_scales(w: Tensor, q: Tensor, scales: Tensor, zeros: Tensor, h: Tensor, group_size: int,
+                 damp: float = 0.01) -> Tensor:
+    """The group scales [out, in/group] that minimise the output error of weight w [out, in] on inputs with
+    Gram matrix h, the integers q and zero points kept: a least-squares fit per output row.
+
+    Why: the grid was chosen before rounding (by the clipping search, for round-to-nearest); once the
+    integers are fixed, each row's output is linear in its group scales, so the best scales are the
+    solution of a small (in/group)^2 system per row. The layout is unchanged (same integers and zeros, fp16
+    scales), and the calibration error cannot rise above the old scales' but for fp16 rounding (a scale fitted
+    non-positive keeps its old value).
+    """
+    out_f, in_f = w.shape
+    n_groups = in_f // group_size
+    h = h.float()
+    u = q.float() - zeros.repeat_interleave(group_size, 1)  # w_hat = u * scale of its group
+    a = torch.empty(out_f, n_groups, n_groups, device=w.device)
+    for g in range(n_groups):
+        cols = slice(g * group_size, (g + 1) * group_size)
+        p = u[:, cols] @ h[cols, :]  # [out, in]: group g's contribution, through h, to every input channel
+        a[:, :, g] = (u * p).reshape(out_f, n_groups, group_size).sum(-1)
+    b = (u * (w.float() @ h)).reshape(out_f, n_groups, group_size).sum(-1)
+    # A ridge towards the old scales keeps groups whose integers are all at the zero point (a zero row of a)
+    # and near-degenerate systems where they were.
+    ridge = damp * a.diagonal(dim1=1, dim2=2).mean(-1, keepdim=True).clamp(min=1e-12)  # [out, 1]
+    a = a + torch.diag_embed(ridge.expand(out_f, n_groups))
+    fitted = torch.linalg.solve(a, (b + ridge * scales)[..., None])[..., 0]
+    fitted = torch.where(torch.isfinite(fitted) & (fitted > 0), fitted, scales)
+    return fitted.half().float()
