@@ -237,6 +237,7 @@ def llama_lookup(peer: tuple[Path, Path], prompt: str, depth: int, args: argpars
         f.flush()
         command = [str(bin_dir / "llama-lookup"), "-m", str(model), "-f", f.name, "-n", str(args.new_tokens),
                    "--temp", "0", "-t", threads, "-c", str(depth + args.new_tokens + 64),
+                   "-b", str(depth + 64),  # the whole prompt in one batch (past 2,048 tokens it stops)
                    "--spec-draft-n-max", str(args.draft_tokens), *(["--ignore-eos"] if args.ignore_eos else [])]
         run = subprocess.run(command, capture_output=True, text=True, timeout=900)
     log = run.stdout + run.stderr
