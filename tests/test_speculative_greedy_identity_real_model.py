@@ -85,8 +85,10 @@ def test_greedy_speculation_is_token_identical(quant, monkeypatch):
     n = NEW_TOKENS_BY_QUANT[quant] * len(prompts) // len(PROMPTS)
     # Trees were verified, and some kept a candidate other than the first (measured on INT4 over the six
     # prompts: 59 tree passes, 16 of them keeping another branch, 383 guesses accepted).
-    assert checked["suffix-tree"] >= n // 2 and branches["tree passes"] >= 10, (checked, branches)
-    assert branches["kept another branch"] >= 2, branches
+    # On fp32 (two prompts, 48 tokens each) trees are rare (0 or 1 tree pass measured): counted on INT4 only.
+    assert checked["suffix-tree"] >= n // 2, checked
+    if quant == "awq":
+        assert branches["tree passes"] >= 10 and branches["kept another branch"] >= 2, branches
     # The self-draft's count moves with the weights (27 on one quantization, 15 on another): a floor, not a figure.
     assert checked["prompt-lookup"] >= n // 2 and checked["suffix"] >= n // 2 and checked["draft"] >= n // 16, checked
 
