@@ -143,8 +143,9 @@ def prefill_cpu(engine, ids: list[int], tokens: int, repeats: int) -> dict:
         return {"error": "the native step is not attached"}
     ctx = (ids * (tokens // max(1, len(ids)) + 1))[:tokens]
     lib = step.lib
-    before = lib.parley_threads(-1)
+    before, tuner = lib.parley_threads(-1), engine.target.tuner
     lib.parley_threads(1)
+    engine.target.tuner = None  # else it sets its own thread count per pass, and this thread's CPU time is a share
     try:
         times = []
         for r in range(max(2, repeats // 3) + 1):  # round 0 warms up
@@ -155,6 +156,7 @@ def prefill_cpu(engine, ids: list[int], tokens: int, repeats: int) -> dict:
                 times.append(time.thread_time() - t)
     finally:
         lib.parley_threads(before)
+        engine.target.tuner = tuner
     s = _median(times)
     return {"tokens": tokens, "ms": round(1e3 * s, 1), "tokens_per_cpu_second": round(tokens / s, 1)}
 
