@@ -24,17 +24,18 @@ pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed"
 KINDS = ["fp", "bf16", "int8", "k8v4"]
 SEED = 1234
 H, KVH, D, L = 4, 2, 64, 40
+GEMMA = (4, 1, 256)  # Gemma 3 270M's global layers: 4 query heads on one KV head of 256 dims
 POSITIONS = [0, 7, 31, 38, 39]  # one slot, partial blocks, several chunks of 16 slots, the last slot
 
 
-def filled_cache(kind: str, device: str):
+def filled_cache(kind: str, device: str, KVH: int = KVH, D: int = D):
     from parley.kernels import triton_attention as ta
 
     gen = torch.Generator().manual_seed(SEED)
     k = torch.randn(KVH, L, D, generator=gen) * 2
     v = torch.randn(KVH, L, D, generator=gen)
     k[:, 3, 5] = 40.0  # an outlier channel: int8 keys must keep it, int4 values must not clip it
-    v[1, 9, :32] = 0.5  # a constant group: scale 0, every q 0, v = min exactly
+    v[-1, 9, :32] = 0.5  # a constant group: scale 0, every q 0, v = min exactly
     cache = ta.new_cache(kind, KVH, L, D, device)
     ta.write_kv(kind, cache, k.to(device), v.to(device), torch.arange(L, device=device))
     return cache
@@ -44,6 +45,7 @@ def reference(q: torch.Tensor, kind: str, cache: dict, positions: list[int], sm_
     from parley.kernels import triton_attention as ta
 
     k, v = (t.double().cpu() for t in ta.dequantize_cache(kind, cache))
+    H, KVH = q.shape[1], k.shape[0]
     out = torch.empty(q.shape, dtype=torch.float64)
     for t, pos in enumerate(positions):
         for h in range(H):
@@ -52,10 +54,10 @@ def reference(q: torch.Tensor, kind: str, cache: dict, positions: list[int], sm_
     return out
 
 
-def kind_results(kind: str, device: str) -> dict[str, float]:
+def kind_results(kind: str, device: str, H: int = H, KVH: int = KVH, D: int = D, name: str = "") -> dict[str, float]:
     from parley.kernels import triton_attention as ta
 
-    cache = filled_cache(kind, device)
+    cache = filled_cache(kind, device, KVH, D)
     q = torch.randn(len(POSITIONS), H, D, generator=torch.Generator().manual_seed(SEED + 1)).to(device)
     positions = torch.tensor(POSITIONS, device=device)
     sm_scale = D**-0.5
@@ -66,7 +68,7 @@ def kind_results(kind: str, device: str) -> dict[str, float]:
              for t in range(len(POSITIONS))]
     pair = ta.decode_attention(q[1:3], kind, cache, positions[1:3], sm_scale, block_l=16, chunk=16)
     same = all(torch.equal(a[0], out[t]) for t, a in enumerate(alone)) and torch.equal(pair, out[1:3])
-    return {f"{kind}:error": error, f"{kind}:row_invariant": float(same)}
+    return {f"{name}{kind}:error": error, f"{name}{kind}:row_invariant": float(same)}
 
 
 def quantizer_results() -> dict[str, float]:
@@ -94,6 +96,7 @@ def all_results(device: str) -> dict[str, float]:
     results = {"tolerance": 1e-5 if device == "cpu" else 5e-3, **quantizer_results()}
     for kind in KINDS:
         results.update(kind_results(kind, device))
+        results.update(kind_results(kind, device, *GEMMA, name="gemma3:"))
     return results
 
 
@@ -114,15 +117,17 @@ def results(request: pytest.FixtureRequest) -> dict[str, float]:
 
 # Errors relative to max|out|; the bf16 cache is compared against its own bf16 values, so every kind is
 # held to the same tolerance.
+@pytest.mark.parametrize("shape", ["", "gemma3:"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_kernel_matches_float64_reference(kind: str, results: dict[str, float]) -> None:
-    error = results[f"{kind}:error"]
-    assert error <= results["tolerance"], f"relative error {error:.2e} (seed {SEED})"
+def test_kernel_matches_float64_reference(kind: str, shape: str, results: dict[str, float]) -> None:
+    error = results[f"{shape}{kind}:error"]
+    assert error <= results["tolerance"], f"{shape}{kind}: relative error {error:.2e} (seed {SEED})"
 
 
+@pytest.mark.parametrize("shape", ["", "gemma3:"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_each_row_is_bitwise_independent_of_the_pass_length(kind: str, results: dict[str, float]) -> None:
-    assert results[f"{kind}:row_invariant"] == 1.0, f"a row changed with T (seed {SEED})"
+def test_each_row_is_bitwise_independent_of_the_pass_length(kind: str, shape: str, results: dict[str, float]) -> None:
+    assert results[f"{shape}{kind}:row_invariant"] == 1.0, f"{shape}{kind}: a row changed with T (seed {SEED})"
 
 
 def test_quantizers_follow_the_layout(results: dict[str, float]) -> None:

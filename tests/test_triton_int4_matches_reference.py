@@ -40,6 +40,10 @@ CASES: list[Case] = (
         (1, 4096, 576, 32, "bfloat16"),
         (2, 4096, 1536, 128, "float16"),
         (33, 4096, 192, 64, "bfloat16"),
+        # Gemma 3 270M: dim 640, fused qkv of 4 + 2 heads of 256, attention output 1,024, MLP 2,048
+        (1, 640, 1536, 64, "bfloat16"),
+        (33, 1024, 640, 64, "float16"),
+        (9, 2048, 640, 64, "bfloat16"),
     ]
 )
 # The interpreter runs every program in Python, so on CPU only a subset: M = 1 (skinny) and 33 (GEMM) of
