@@ -82,20 +82,20 @@ def saved_temperature(folder: Path) -> float | None:
         return None
 
 
-def test_ask_see_the_streamed_answer_and_move_a_slider_in_chromium(tmp_path):
+def start_web(tmp_path: Path, output: int | None, **env_extra: str):
+    """playwright's sync API, and `parley web`'s server (textual-serve over the fake app) starting on a free
+    port; skips when playwright, textual-serve or chromium is missing. Returns (sync_api, server, url, up)."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     pytest.importorskip("textual_serve", reason="textual-serve is not installed")
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no browser: {CHROMIUM} is missing (apt-get install chromium; scripts/setup.sh test does it)")
-    from web_fake_app import ANSWER
-
     port = free_port()
-    env = {**os.environ, "PARLEY_WEB_TEST_DIR": str(tmp_path),
+    env = {**os.environ, "PARLEY_WEB_TEST_DIR": str(tmp_path), **env_extra,
            "PYTHONPATH": os.pathsep.join([str(TESTS.parent.parent), os.environ.get("PYTHONPATH", "")])}
     command = f"{sys.executable} {TESTS / 'web_fake_app.py'}"
     code = f"from parley.app.server.web import serve; serve({command!r}, {port})"
-    server = subprocess.Popen([sys.executable, "-c", code],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    server = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=output,
+                              stderr=subprocess.STDOUT if output == subprocess.PIPE else subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/"
 
     def up() -> bool:
@@ -104,6 +104,14 @@ def test_ask_see_the_streamed_answer_and_move_a_slider_in_chromium(tmp_path):
                 return r.status == 200
         except OSError:
             return False
+
+    return sync_api, server, url, up
+
+
+def test_ask_see_the_streamed_answer_and_move_a_slider_in_chromium(tmp_path):
+    from web_fake_app import ANSWER
+
+    sync_api, server, url, up = start_web(tmp_path, subprocess.PIPE)
 
     received: list[str] = []
     try:

@@ -12,13 +12,10 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
-import pytest
-from test_web_serves_the_app_in_a_browser import CHROMIUM, FLAGS, TESTS, free_port, wait_for
+from test_web_serves_the_app_in_a_browser import CHROMIUM, FLAGS, start_web, wait_for
 
 
 def alive(pid: int) -> bool:
@@ -53,27 +50,8 @@ def kill_browser(browser: subprocess.Popen[bytes]) -> None:
 
 
 def test_closing_a_tab_killing_the_browser_or_parley_web_leaves_no_process(tmp_path):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-    pytest.importorskip("textual_serve", reason="textual-serve is not installed")
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no browser: {CHROMIUM} is missing (apt-get install chromium; scripts/setup.sh test does it)")
-
-    port = free_port()
-    env = {**os.environ, "PARLEY_WEB_TEST_DIR": str(tmp_path), "PARLEY_WEB_TEST_BUSY": "1",
-           "PYTHONPATH": os.pathsep.join([str(TESTS.parent.parent), os.environ.get("PYTHONPATH", "")])}
-    command = f"{sys.executable} {TESTS / 'web_fake_app.py'}"
-    code = f"from parley.app.server.web import serve; serve({command!r}, {port})"
-    server = subprocess.Popen([sys.executable, "-c", code],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/"
+    sync_api, server, url, up = start_web(tmp_path, subprocess.DEVNULL, PARLEY_WEB_TEST_BUSY="1")
     browsers: list[subprocess.Popen[bytes]] = []
-
-    def up() -> bool:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
 
     def gone(pids: set[int], what: str) -> None:
         started = time.monotonic()
