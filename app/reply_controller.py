@@ -54,6 +54,7 @@ class ReplyController:
         self.store = store
         self.batch_interval = batch_interval
         self.active: ActiveReply | None = None
+        self._finishing: ActiveReply | None = None  # ended, not yet rendered and saved
         self._timer = None
         self.screen: Screen
         self.chat: ChatView
@@ -62,8 +63,10 @@ class ReplyController:
 
     @property
     def busy(self) -> bool:
-        """A reply is in flight (set and cleared on the UI thread, so it never disagrees with the screen)."""
-        return self.active is not None
+        """A reply is in flight or still being rendered and saved (set and cleared on the UI thread, so it never
+        disagrees with the screen). Until it is saved, a regenerate or an edit would act on a turn the store
+        does not hold yet, and a quit would shut the app down under its last render."""
+        return self.active is not None or self._finishing is not None
 
     def mount(self, screen: Screen, chat: ChatView, status: StatusBar, panel: ParamsPanel) -> None:
         self.screen, self.chat, self.status, self.panel = screen, chat, status, panel
@@ -134,20 +137,32 @@ class ReplyController:
     async def finish(self, reply: ActiveReply, done: Done, *, interrupted: bool = False) -> None:
         if reply.finished:
             return
-        status = self.status
         reply.finished = True
         self.active = None
+        self._finishing = reply
+        try:
+            await self._wind_up(reply, done, interrupted)
+        finally:
+            self._finishing = None
+        self.screen.post_message(ReplyFinished())
+
+    async def _wind_up(self, reply: ActiveReply, done: Done, interrupted: bool) -> None:
+        status = self.status
         self._timer.pause()
         status.live = None
         status.prefill = None
         self.panel.reply_progress(None)
-        if reply.view.content and done.reason == "cancelled":
-            await reply.view.append(INTERRUPTED_MARK if interrupted else STOPPED_MARK)
-        await reply.view.finish()
-        if reply.view.content:
-            reply.view.db_id = self.store.add_message(reply.conversation_id, "assistant", reply.view.content)
-        else:
-            await reply.view.remove()
+        view = reply.view
+        mark = ""
+        if view.content and done.reason == "cancelled":
+            mark = INTERRUPTED_MARK if interrupted else STOPPED_MARK
+        if view.content:  # saved before the last render: a quit during the render loses nothing
+            view.db_id = self.store.add_message(reply.conversation_id, "assistant", view.content + mark)
+        if mark:
+            await view.append(mark)
+        await view.finish()
+        if not view.content:
+            await view.remove()
             if done.reason == "cancelled" and not interrupted:
                 # The question stays: the user can regenerate, edit it, or ask something else.
                 status.notify("Reply stopped before its first token: Ctrl+R asks again, Ctrl+G edits the question")
@@ -158,7 +173,6 @@ class ReplyController:
                 status.notify(f"Stopped: {done.detail}", severity="warning", markup=False)
             else:
                 status.notify("Stopped at the max tokens limit (F2 to raise it)")
-        self.screen.post_message(ReplyFinished())
 
     async def stop(self) -> None:
         """Stop now: the reply keeps exactly what is on screen; the engine stops at its next round."""
