@@ -18,13 +18,17 @@ sys.path.insert(0, str(Path(__file__).parent))  # test helpers (tiny.py, fakehub
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, torch.get_num_threads())))
 
 
-@pytest.fixture(autouse=True)
-def _isolated_dirs(tmp_path_factory, monkeypatch):
-    """No test reads or writes the user's real Parley cache or data."""
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_dirs(tmp_path_factory):
+    """No test reads or writes the user's real Parley cache or data. Session-scoped, so that it is in place
+    before any module-scoped fixture (one that builds the INT4 model, say) runs; a test that changes these
+    variables with `monkeypatch` gets them back."""
     base = tmp_path_factory.getbasetemp()
-    monkeypatch.setenv("PARLEY_DATA_DIR", str(base / "parley-data"))
-    monkeypatch.setenv("PARLEY_CACHE_DIR", str(base / "parley-cache"))
-    monkeypatch.setenv("PARLEY_CONFIG_DIR", str(base / "parley-config"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PARLEY_DATA_DIR", str(base / "parley-data"))
+        mp.setenv("PARLEY_CACHE_DIR", str(base / "parley-cache"))
+        mp.setenv("PARLEY_CONFIG_DIR", str(base / "parley-config"))
+        yield
 
 
 # The longest files (measured, --durations) start first: `--dist loadfile` hands files to workers in
