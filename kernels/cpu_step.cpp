@@ -141,6 +141,48 @@ static void rmsnorm_row(const float* x, const float* w, float* out, int n, float
     for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
 }
 
+// rmsnorm_row of up to 8 consecutive rows of n (x and out row r at r * n; out may be x), bit for bit: each row's
+// sum of squares is the same serial double sum, but the rows' sums advance side by side (AVX-512: lane r of one
+// vector is row r's sum, 8 inputs of 8 rows transposed per step), so a long pass waits on one chain of n dependent
+// adds per 8 rows instead of per row. 512 rows of 576: 0.19 -> 0.045 ms (~3% of a 512-token prefill).
+static void rmsnorm_rows(const float* x, const float* w, float* out, int nr, int n, float eps) {
+    double ss[8] = {};
+#if PARLEY_VNNI
+    if (nr == 8 && n % 8 == 0) {
+        __m512d acc = _mm512_setzero_pd();
+        for (int i = 0; i < n; i += 8) {
+            __m512d r[8], t[8], u[8];
+            for (int k = 0; k < 8; k++) r[k] = _mm512_cvtps_pd(_mm256_loadu_ps(x + (size_t)k * n + i));
+            for (int k = 0; k < 8; k += 2) {
+                t[k] = _mm512_unpacklo_pd(r[k], r[k + 1]);
+                t[k + 1] = _mm512_unpackhi_pd(r[k], r[k + 1]);
+            }
+            for (int k = 0; k < 8; k += 4) {  // u[k..k+3]: inputs {0, 4}, {2, 6}, {1, 5}, {3, 7} of rows k..k+3
+                u[k] = _mm512_shuffle_f64x2(t[k], t[k + 2], 0x88);
+                u[k + 1] = _mm512_shuffle_f64x2(t[k], t[k + 2], 0xdd);
+                u[k + 2] = _mm512_shuffle_f64x2(t[k + 1], t[k + 3], 0x88);
+                u[k + 3] = _mm512_shuffle_f64x2(t[k + 1], t[k + 3], 0xdd);
+            }
+            const __m512d c[8] = {  // c[j] lane r: input i + j of row r
+                _mm512_shuffle_f64x2(u[0], u[4], 0x88), _mm512_shuffle_f64x2(u[2], u[6], 0x88),
+                _mm512_shuffle_f64x2(u[1], u[5], 0x88), _mm512_shuffle_f64x2(u[3], u[7], 0x88),
+                _mm512_shuffle_f64x2(u[0], u[4], 0xdd), _mm512_shuffle_f64x2(u[2], u[6], 0xdd),
+                _mm512_shuffle_f64x2(u[1], u[5], 0xdd), _mm512_shuffle_f64x2(u[3], u[7], 0xdd)};
+            for (int j = 0; j < 8; j++) acc = _mm512_add_pd(acc, _mm512_mul_pd(c[j], c[j]));
+        }
+        _mm512_storeu_pd(ss, acc);
+    } else
+#endif
+    {
+        for (int i = 0; i < n; i++)
+            for (int r = 0; r < nr; r++) ss[r] += (double)x[(size_t)r * n + i] * x[(size_t)r * n + i];
+    }
+    for (int r = 0; r < nr; r++) {
+        const float rr = 1.0f / std::sqrt((float)(ss[r] / n) + eps);
+        for (int i = 0; i < n; i++) out[(size_t)r * n + i] = w[i] * (x[(size_t)r * n + i] * rr);
+    }
+}
+
 #if PARLEY_VNNI
 static inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
@@ -1551,12 +1593,13 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
         const Layer* L = md->layers + l;
         const KV* kv = cache->layers + l;
 #pragma omp for schedule(static)
-        for (int m = 0; m < M; m++) {  // (the previous layer's residual) + norm + activation quantization
-            float* xr = x + (size_t)m * dim;
-            if (l > 0) for (int i = 0; i < dim; i++) xr[i] += tmp[(size_t)m * dim + i];
-            rmsnorm_row(xr, L->attn_norm, xn + (size_t)m * dim, dim, md->eps);
+        for (int m0 = 0; m0 < M; m0 += 8) {  // (the previous layer's residual) + norm + activation quantization
+            const int nr = std::min(8, M - m0);  // rows normed together (rmsnorm_rows)
+            if (l > 0)
+                for (int i = 0; i < nr * dim; i++) x[(size_t)m0 * dim + i] += tmp[(size_t)m0 * dim + i];
+            rmsnorm_rows(x + (size_t)m0 * dim, L->attn_norm, xn + (size_t)m0 * dim, nr, dim, md->eps);
             if (L->qkv.kind != W_F32)
-                quantize_row(xn + (size_t)m * dim, dim, lin_block(&L->qkv), &a, m);
+                for (int m = m0; m < m0 + nr; m++) quantize_row(xn + (size_t)m * dim, dim, lin_block(&L->qkv), &a, m);
         }
         linear(&L->qkv, M, xn, &a, qkv);
 #pragma omp for schedule(static)
@@ -1584,13 +1627,14 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
         }
         linear(&L->o, M, att, &a, tmp);
 #pragma omp for schedule(static)
-        for (int m = 0; m < M; m++) {
-            float* xr = x + (size_t)m * dim;
-            if (L->post_attn_norm) rmsnorm_row(tmp + (size_t)m * dim, L->post_attn_norm, tmp + (size_t)m * dim, dim, md->eps);
-            for (int i = 0; i < dim; i++) xr[i] += tmp[(size_t)m * dim + i];
-            rmsnorm_row(xr, L->ffn_norm, xn + (size_t)m * dim, dim, md->eps);
+        for (int m0 = 0; m0 < M; m0 += 8) {
+            const int nr = std::min(8, M - m0);
+            float* t = tmp + (size_t)m0 * dim;
+            if (L->post_attn_norm) rmsnorm_rows(t, L->post_attn_norm, t, nr, dim, md->eps);
+            for (int i = 0; i < nr * dim; i++) x[(size_t)m0 * dim + i] += t[i];
+            rmsnorm_rows(x + (size_t)m0 * dim, L->ffn_norm, xn + (size_t)m0 * dim, nr, dim, md->eps);
             if (L->gate_up.kind != W_F32)
-                quantize_row(xn + (size_t)m * dim, dim, lin_block(&L->gate_up), &a, m);
+                for (int m = m0; m < m0 + nr; m++) quantize_row(xn + (size_t)m * dim, dim, lin_block(&L->gate_up), &a, m);
         }
         linear(&L->gate_up, M, xn, &a, gu);
 #pragma omp for schedule(static)
@@ -1603,8 +1647,9 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
         linear(&L->down, M, xn, &a, tmp);
         if (L->post_ffn_norm) {
 #pragma omp for schedule(static)
-            for (int m = 0; m < M; m++)
-                rmsnorm_row(tmp + (size_t)m * dim, L->post_ffn_norm, tmp + (size_t)m * dim, dim, md->eps);
+            for (int m0 = 0; m0 < M; m0 += 8)
+                rmsnorm_rows(tmp + (size_t)m0 * dim, L->post_ffn_norm, tmp + (size_t)m0 * dim, std::min(8, M - m0), dim,
+                             md->eps);
         }
     }
     for (int m = first; m < M; m++) {
