@@ -1375,6 +1375,13 @@ static void attend_blocks(const Cache* c, const KV* kv, int M, const int64_t* po
 static void attend_merge(int KVH, int G, int D, int window, int p, int nblk, const float* parts, float* out) {
     const size_t part_stride = (size_t)G * (D + 2);
     const int b0 = first_key(p, window) / ATT_BLOCK, b1 = p / ATT_BLOCK;
+    // The partials were written a whole attention step ago (a 512-token prefill's are 2.4 MB, past L2): ask for
+    // all of this position's lines at once, before the first dependent read (attention of 512 positions, one
+    // layer, one thread, with its merge: -3 to -9%, min of 30, builds alternated 4 times).
+    for (int h = 0; h < KVH; h++)
+        for (const char* c = (const char*)(parts + ((size_t)h * nblk + b0) * part_stride);
+             c < (const char*)(parts + ((size_t)h * nblk + b1 + 1) * part_stride); c += 64)
+            __builtin_prefetch(c);
     for (int h = 0; h < KVH; h++)
         attend_combine(parts + ((size_t)h * nblk + b0) * part_stride, b1 - b0 + 1, G, D, out + (size_t)h * G * D);
 }
