@@ -141,6 +141,48 @@ static void rmsnorm_row(const float* x, const float* w, float* out, int n, float
     for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
 }
 
+// rmsnorm_row of up to 8 consecutive rows of n (x and out row r at r * n; out may be x), bit for bit: each row's
+// sum of squares is the same serial double sum, but the rows' sums advance side by side (AVX-512: lane r of one
+// vector is row r's sum, 8 inputs of 8 rows transposed per step), so a long pass waits on one chain of n dependent
+// adds per 8 rows instead of per row. 512 rows of 576: 0.19 -> 0.045 ms (~3% of a 512-token prefill).
+static void rmsnorm_rows(const float* x, const float* w, float* out, int nr, int n, float eps) {
+    double ss[8] = {};
+#if PARLEY_VNNI
+    if (nr == 8 && n % 8 == 0) {
+        __m512d acc = _mm512_setzero_pd();
+        for (int i = 0; i < n; i += 8) {
+            __m512d r[8], t[8], u[8];
+            for (int k = 0; k < 8; k++) r[k] = _mm512_cvtps_pd(_mm256_loadu_ps(x + (size_t)k * n + i));
+            for (int k = 0; k < 8; k += 2) {
+                t[k] = _mm512_unpacklo_pd(r[k], r[k + 1]);
+                t[k + 1] = _mm512_unpackhi_pd(r[k], r[k + 1]);
+            }
+            for (int k = 0; k < 8; k += 4) {  // u[k..k+3]: inputs {0, 4}, {2, 6}, {1, 5}, {3, 7} of rows k..k+3
+                u[k] = _mm512_shuffle_f64x2(t[k], t[k + 2], 0x88);
+                u[k + 1] = _mm512_shuffle_f64x2(t[k], t[k + 2], 0xdd);
+                u[k + 2] = _mm512_shuffle_f64x2(t[k + 1], t[k + 3], 0x88);
+                u[k + 3] = _mm512_shuffle_f64x2(t[k + 1], t[k + 3], 0xdd);
+            }
+            const __m512d c[8] = {  // c[j] lane r: input i + j of row r
+                _mm512_shuffle_f64x2(u[0], u[4], 0x88), _mm512_shuffle_f64x2(u[2], u[6], 0x88),
+                _mm512_shuffle_f64x2(u[1], u[5], 0x88), _mm512_shuffle_f64x2(u[3], u[7], 0x88),
+                _mm512_shuffle_f64x2(u[0], u[4], 0xdd), _mm512_shuffle_f64x2(u[2], u[6], 0xdd),
+                _mm512_shuffle_f64x2(u[1], u[5], 0xdd), _mm512_shuffle_f64x2(u[3], u[7], 0xdd)};
+            for (int j = 0; j < 8; j++) acc = _mm512_add_pd(acc, _mm512_mul_pd(c[j], c[j]));
+        }
+        _mm512_storeu_pd(ss, acc);
+    } else
+#endif
+    {
+        for (int i = 0; i < n; i++)
+            for (int r = 0; r < nr; r++) ss[r] += (double)x[(size_t)r * n + i] * x[(size_t)r * n + i];
+    }
+    for (int r = 0; r < nr; r++) {
+        const float rr = 1.0f / std::sqrt((float)(ss[r] / n) + eps);
+        for (int i = 0; i < n; i++) out[(size_t)r * n + i] = w[i] * (x[(size_t)r * n + i] * rr);
+    }
+}
+
 #if PARLEY_VNNI
 static inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
@@ -300,14 +342,31 @@ static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y
         for (int r = 0; r < R; r++)
             for (int p = 0; p < P; p++) ib[r][p] = _mm512_setzero_si512();
         const uint8_t* w = wq + (size_t)ci * 512;
-        for (int t = 0; t < 8; t++) {
-            _mm_prefetch((const char*)(w + PREFETCH_BYTES + t * 64), _MM_HINT_T0);
-            const __m512i v = _mm512_loadu_si512((const void*)(w + t * 64));
-            const __m512i l = _mm512_and_si512(_mm512_slli_epi16(v, 4), hi), h = _mm512_and_si512(v, hi);
-            for (int r = 0; r < R; r++) {
-                const int8_t* x = a->q + (size_t)(m0 + r) * K + ci * 64 + 4 * t;
-                ib[r][2 * t % P] = _mm512_dpbusd_epi32(ib[r][2 * t % P], l, _mm512_set1_epi32(load_i32(x)));
-                ib[r][(2 * t + 1) % P] = _mm512_dpbusd_epi32(ib[r][(2 * t + 1) % P], h, _mm512_set1_epi32(load_i32(x + 32)));
+        if constexpr (AB == 32) {
+            // Blocks of 32 (the MLP's down projection): two live sums per position, 2R accumulators. Left to
+            // itself the compiler kept this loop rolled and 2 of them on the stack, each `vpdpbusd` then waiting
+            // on a store and a reload (180 GMAC/s at 512 rows against 261 unrolled; /tmp A/B, one thread).
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                _mm_prefetch((const char*)(w + PREFETCH_BYTES + t * 64), _MM_HINT_T0);
+                const __m512i v = _mm512_loadu_si512((const void*)(w + t * 64));
+                const __m512i l = _mm512_and_si512(_mm512_slli_epi16(v, 4), hi), h = _mm512_and_si512(v, hi);
+                for (int r = 0; r < R; r++) {
+                    const int8_t* x = a->q + (size_t)(m0 + r) * K + ci * 64 + 4 * t;
+                    ib[r][0] = _mm512_dpbusd_epi32(ib[r][0], l, _mm512_set1_epi32(load_i32(x)));
+                    ib[r][1] = _mm512_dpbusd_epi32(ib[r][1], h, _mm512_set1_epi32(load_i32(x + 32)));
+                }
+            }
+        } else {
+            for (int t = 0; t < 8; t++) {
+                _mm_prefetch((const char*)(w + PREFETCH_BYTES + t * 64), _MM_HINT_T0);
+                const __m512i v = _mm512_loadu_si512((const void*)(w + t * 64));
+                const __m512i l = _mm512_and_si512(_mm512_slli_epi16(v, 4), hi), h = _mm512_and_si512(v, hi);
+                for (int r = 0; r < R; r++) {
+                    const int8_t* x = a->q + (size_t)(m0 + r) * K + ci * 64 + 4 * t;
+                    ib[r][2 * t % P] = _mm512_dpbusd_epi32(ib[r][2 * t % P], l, _mm512_set1_epi32(load_i32(x)));
+                    ib[r][(2 * t + 1) % P] = _mm512_dpbusd_epi32(ib[r][(2 * t + 1) % P], h, _mm512_set1_epi32(load_i32(x + 32)));
+                }
             }
         }
         for (int r = 0; r < R; r++) {
@@ -553,10 +612,24 @@ static void kv_write(const Cache* c, const KV* kv, int kvh, int pos, int D, cons
                 }
                 continue;
             }
+            int8_t* dst = (int8_t*)(which ? kv->v : kv->k) + row * D;
+#if PARLEY_VNNI  // the same values as the loops below (as quantize_row's): std::fmax was a libm call per element
+            if (D % 16 == 0) {
+                __m512 mv = _mm512_setzero_ps();
+                for (int d = 0; d < D; d += 16) mv = _mm512_max_ps(mv, _mm512_abs_ps(_mm512_loadu_ps(src + d)));
+                const float s = _mm512_reduce_max_ps(mv) / 127.0f, inv = s > 0 ? 1.0f / s : 0.0f;
+                for (int d = 0; d < D; d += 16) {
+                    __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(src + d), _mm512_set1_ps(inv)));
+                    qi = _mm512_max_epi32(_mm512_min_epi32(qi, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+                    _mm_storeu_si128((__m128i*)(dst + d), _mm512_cvtepi32_epi8(qi));
+                }
+                (which ? kv->vs : kv->ks)[row] = s;
+                continue;
+            }
+#endif
             float amax = 0.0f;
             for (int d = 0; d < D; d++) amax = std::fmax(amax, std::fabs(src[d]));
             float s = amax / 127.0f, inv = s > 0 ? 1.0f / s : 0.0f;
-            int8_t* dst = (int8_t*)(which ? kv->v : kv->k) + row * D;
             for (int d = 0; d < D; d++) {
                 int q = (int)std::nearbyint(src[d] * inv);
                 dst[d] = (int8_t)(q > 127 ? 127 : (q < -127 ? -127 : q));
@@ -821,7 +894,7 @@ static void scores_int8_shared(const KV* kv, size_t base, int j0, int n, int np,
         qsc[k] = quantize_q16(q[k / nq] + (k % nq) * 64, q16) * scale;
         std::memcpy(qp[k], q16, 128);
     }
-    for (int k = Q; k < (Q + 3) / 4 * 4; k++) std::memset(qp[k], 0, 128);
+    for (int k = Q; k < (Q + 7) / 8 * 8; k++) std::memset(qp[k], 0, 128);
     const int8_t* K8 = (const int8_t*)kv->k + (base + j0) * 64;
     for (int jb = 0; jb < n; jb += 16) {
         const int cnt = n - jb < 16 ? n - jb : 16;
@@ -839,12 +912,18 @@ static void scores_int8_shared(const KV* kv, size_t base, int j0, int n, int np,
         transpose16(T);
         transpose16(T + 16);
         const __m512 ks = _mm512_maskz_loadu_ps(mask, kv->ks + base + j0 + jb);
-        for (int k0 = 0; k0 < Q; k0 += 4) {
-            __m512i acc[4];
-            for (int u = 0; u < 4; u++) acc[u] = _mm512_setzero_si512();
-            for (int t = 0; t < 32; t++)
-                for (int u = 0; u < 4; u++) acc[u] = _mm512_dpwssd_epi32(acc[u], _mm512_set1_epi32(qp[k0 + u][t]), T[t]);
-            for (int u = 0; u < 4 && k0 + u < Q; u++) {
+        // 8 queries a sweep: 8 independent chains of 32 `vpdpwssd` (4 before), unrolled by 4 (rolled, the compiler
+        // copied the accumulators between registers every step): attention of 512 positions, one layer, one
+        // thread, 1.68 -> 1.55 ms (with kv_write's vector quantization, from 2.05-2.37 ms; /tmp A/B, same bits).
+        for (int k0 = 0; k0 < Q; k0 += 8) {
+            __m512i acc[8];
+            for (int u = 0; u < 8; u++) acc[u] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int t = 0; t < 32; t++) {
+                const __m512i kt = T[t];
+                for (int u = 0; u < 8; u++) acc[u] = _mm512_dpwssd_epi32(acc[u], _mm512_set1_epi32(qp[k0 + u][t]), kt);
+            }
+            for (int u = 0; u < 8 && k0 + u < Q; u++) {
                 const __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[u]), _mm512_mul_ps(ks, _mm512_set1_ps(qsc[k0 + u])));
                 _mm512_mask_storeu_ps(s + (size_t)(k0 + u) * ATT_BLOCK + jb, mask, sc);
             }
@@ -1296,6 +1375,13 @@ static void attend_blocks(const Cache* c, const KV* kv, int M, const int64_t* po
 static void attend_merge(int KVH, int G, int D, int window, int p, int nblk, const float* parts, float* out) {
     const size_t part_stride = (size_t)G * (D + 2);
     const int b0 = first_key(p, window) / ATT_BLOCK, b1 = p / ATT_BLOCK;
+    // The partials were written a whole attention step ago (a 512-token prefill's are 2.4 MB, past L2): ask for
+    // all of this position's lines at once, before the first dependent read (attention of 512 positions, one
+    // layer, one thread, with its merge: -3 to -9%, min of 30, builds alternated 4 times).
+    for (int h = 0; h < KVH; h++)
+        for (const char* c = (const char*)(parts + ((size_t)h * nblk + b0) * part_stride);
+             c < (const char*)(parts + ((size_t)h * nblk + b1 + 1) * part_stride); c += 64)
+            __builtin_prefetch(c);
     for (int h = 0; h < KVH; h++)
         attend_combine(parts + ((size_t)h * nblk + b0) * part_stride, b1 - b0 + 1, G, D, out + (size_t)h * G * D);
 }
@@ -1369,25 +1455,27 @@ extern "C" int parley_threads(int n) {
 
 extern "C" int parley_has_vnni(void) { return PARLEY_VNNI; }
 
-// The core's int8 multiply-add peak (one thread): `iters` rounds of 16 independent vpdpbusd chains (64 MACs
+// The core's int8 multiply-add peak (one thread): `iters` rounds of 12 independent vpdpbusd chains (64 MACs
 // each), in GMAC/s of this thread's CPU time (a busy machine's preemptions do not count). What `parley bench
-// passes` sets the products' speed beside. 0 without VNNI.
+// passes` sets the products' speed beside. 0 without VNNI. 12, not 16: GCC 12 kept one of 16 accumulators on
+// the stack, so every round waited on a store and a reload and the "peak" read 245-270 GMAC/s on the 2-core
+// EPYC where 12 chains (no spill) read 410-500 (2 `vpdpbusd` a cycle); 8 chains read ~390 (latency-bound).
 extern "C" double parley_vnni_peak_gmacs(int iters) {
 #if PARLEY_VNNI
-    __m512i acc[16];
-    for (int i = 0; i < 16; i++) acc[i] = _mm512_set1_epi32(i);
+    __m512i acc[12];
+    for (int i = 0; i < 12; i++) acc[i] = _mm512_set1_epi32(i);
     const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(5);
     timespec t0, t1;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
     for (int it = 0; it < iters; it++)
-        for (int i = 0; i < 16; i++) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+        for (int i = 0; i < 12; i++) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
     const double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     __m512i sum = acc[0];
-    for (int i = 1; i < 16; i++) sum = _mm512_add_epi32(sum, acc[i]);
+    for (int i = 1; i < 12; i++) sum = _mm512_add_epi32(sum, acc[i]);
     volatile int sink = _mm512_reduce_add_epi32(sum);  // keeps the loop
     (void)sink;
-    return (double)iters * 16 * 64 / dt / 1e9;
+    return (double)iters * 12 * 64 / dt / 1e9;
 #else
     (void)iters;
     return 0.0;
@@ -1534,12 +1622,13 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
         const Layer* L = md->layers + l;
         const KV* kv = cache->layers + l;
 #pragma omp for schedule(static)
-        for (int m = 0; m < M; m++) {  // (the previous layer's residual) + norm + activation quantization
-            float* xr = x + (size_t)m * dim;
-            if (l > 0) for (int i = 0; i < dim; i++) xr[i] += tmp[(size_t)m * dim + i];
-            rmsnorm_row(xr, L->attn_norm, xn + (size_t)m * dim, dim, md->eps);
+        for (int m0 = 0; m0 < M; m0 += 8) {  // (the previous layer's residual) + norm + activation quantization
+            const int nr = std::min(8, M - m0);  // rows normed together (rmsnorm_rows)
+            if (l > 0)
+                for (int i = 0; i < nr * dim; i++) x[(size_t)m0 * dim + i] += tmp[(size_t)m0 * dim + i];
+            rmsnorm_rows(x + (size_t)m0 * dim, L->attn_norm, xn + (size_t)m0 * dim, nr, dim, md->eps);
             if (L->qkv.kind != W_F32)
-                quantize_row(xn + (size_t)m * dim, dim, lin_block(&L->qkv), &a, m);
+                for (int m = m0; m < m0 + nr; m++) quantize_row(xn + (size_t)m * dim, dim, lin_block(&L->qkv), &a, m);
         }
         linear(&L->qkv, M, xn, &a, qkv);
 #pragma omp for schedule(static)
@@ -1567,13 +1656,14 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
         }
         linear(&L->o, M, att, &a, tmp);
 #pragma omp for schedule(static)
-        for (int m = 0; m < M; m++) {
-            float* xr = x + (size_t)m * dim;
-            if (L->post_attn_norm) rmsnorm_row(tmp + (size_t)m * dim, L->post_attn_norm, tmp + (size_t)m * dim, dim, md->eps);
-            for (int i = 0; i < dim; i++) xr[i] += tmp[(size_t)m * dim + i];
-            rmsnorm_row(xr, L->ffn_norm, xn + (size_t)m * dim, dim, md->eps);
+        for (int m0 = 0; m0 < M; m0 += 8) {
+            const int nr = std::min(8, M - m0);
+            float* t = tmp + (size_t)m0 * dim;
+            if (L->post_attn_norm) rmsnorm_rows(t, L->post_attn_norm, t, nr, dim, md->eps);
+            for (int i = 0; i < nr * dim; i++) x[(size_t)m0 * dim + i] += t[i];
+            rmsnorm_rows(x + (size_t)m0 * dim, L->ffn_norm, xn + (size_t)m0 * dim, nr, dim, md->eps);
             if (L->gate_up.kind != W_F32)
-                quantize_row(xn + (size_t)m * dim, dim, lin_block(&L->gate_up), &a, m);
+                for (int m = m0; m < m0 + nr; m++) quantize_row(xn + (size_t)m * dim, dim, lin_block(&L->gate_up), &a, m);
         }
         linear(&L->gate_up, M, xn, &a, gu);
 #pragma omp for schedule(static)
@@ -1586,8 +1676,9 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
         linear(&L->down, M, xn, &a, tmp);
         if (L->post_ffn_norm) {
 #pragma omp for schedule(static)
-            for (int m = 0; m < M; m++)
-                rmsnorm_row(tmp + (size_t)m * dim, L->post_ffn_norm, tmp + (size_t)m * dim, dim, md->eps);
+            for (int m0 = 0; m0 < M; m0 += 8)
+                rmsnorm_rows(tmp + (size_t)m0 * dim, L->post_ffn_norm, tmp + (size_t)m0 * dim, std::min(8, M - m0), dim,
+                             md->eps);
         }
     }
     for (int m = first; m < M; m++) {

@@ -5,7 +5,7 @@ context depth this times passes of T tokens through the engine's own `forward` (
 verification runs; nothing is committed, so every pass writes the same slots), interleaved in rounds so a
 neighbour's burst lands on every T alike, and prints each pass's median time and its ratio to a 1-token pass.
 Then the INT4 products of one real layer (q/k/v, o, gate/up, down) on one thread at T = 8, 64, 512 rows: GMAC/s
-beside the core's measured AVX-512 VNNI peak (16 independent `vpdpbusd` chains), both in the thread's CPU time,
+beside the core's measured AVX-512 VNNI peak (12 independent `vpdpbusd` chains), both in the thread's CPU time,
 so that a neighbour taking the core does not count against the kernel; and a 512-token prefill on one thread in
 CPU time (`--prefill-tokens`), the load-robust companion of `bench decode`'s wall-clock prefill.
 """
