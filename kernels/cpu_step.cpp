@@ -13,9 +13,10 @@
 // in a decode pass, a verification pass or a prefill chunk. Build with -ffp-contract=off.
 //
 // Sections: small helpers; activation quantization (int8 per 64 or 32 inputs); the products (INT4 / int8-head
-// tiles of 1..8 positions x 16 columns, portable loops, `linear`); the KV cache (writes in stored form, attention
-// in 256-key blocks with an optional per-layer sliding window, head_dim up to 256 on the vector paths); the entry
-// points (`parley_forward`, and `parley_linear` / `parley_attention` for tests against independent references).
+// tiles of 1..8 positions x 16 columns, INT4 pair tiles of 4 positions x 32 columns, portable loops, `linear`);
+// the KV cache (writes in stored form, attention in 256-key blocks with an optional per-layer sliding window,
+// head_dim up to 256 on the vector paths); the entry points (`parley_forward`, and `parley_linear` /
+// `parley_attention` for tests against independent references).
 #include <algorithm>
 #include <type_traits>
 #include <cmath>
@@ -357,7 +358,8 @@ static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y
                     ib[r][1] = _mm512_dpbusd_epi32(ib[r][1], h, _mm512_set1_epi32(load_i32(x + 32)));
                 }
             }
-        } else {
+        } else {  // unrolled too: rolled, GCC copied each accumulator once per pass (8 extra moves a vector)
+#pragma GCC unroll 8
             for (int t = 0; t < 8; t++) {
                 _mm_prefetch((const char*)(w + PREFETCH_BYTES + t * 64), _MM_HINT_T0);
                 const __m512i v = _mm512_loadu_si512((const void*)(w + t * 64));
@@ -392,6 +394,79 @@ static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y
         __m512 v = acc[r];
         if (L->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, L->bias + n0));
         _mm512_mask_storeu_ps(y + (size_t)(m0 + r) * ldy + n0, mask, v);
+    }
+}
+
+// Two column blocks x 4 positions (blocks of 64 inputs): each broadcast activation feeds two `vpdpbusd`, one
+// per block. Why: on this core (Zen 5) a broadcast from memory costs nearly what a `vpdpbusd` does, so one block
+// at a time (a broadcast per `vpdpbusd`) runs well short of the peak; a /tmp loop of 12 chains measured
+// 350-390 GMAC/s register-only, 245-290 with a broadcast per instruction, 290-310 with one per two. 4
+// positions, not 8: the tile's 8 int32 and 8 float sums, 4 unpacked weight vectors and 2 broadcasts stay in
+// registers (2 x 8 positions spilled every float sum to the stack each chunk and ran 5-20% slower than one
+// block at 512 rows). Each (position, column) sums the same exact int32 per 64 inputs and meets its scale in
+// the same float operations, in input order: the same bits as `q4_block`. The down projection (blocks of 32)
+// measured slower paired (0.92-0.95x at 512 rows) and stays on `q4_block`.
+static inline void q4_pair(const Lin* L, int nb, const Act* a, int m0, float* y, int ldy) {
+    constexpr int R = 4;
+    const int K = L->K, nc = K / 64, G = L->group, ng = K / G, cpg = G / 64;
+    const uint8_t* wq = L->q + (size_t)nb * nc * 512;  // block nb + 1 follows at + nc * 512
+    const uint16_t* S = L->s16 + (size_t)nb * ng * 16;  // and its scales / zero points at + ng * 16
+    const uint8_t* Z = L->z + (size_t)nb * ng * 16;
+    const __m512i hi = _mm512_set1_epi8((char)0xf0);
+    __m512 acc[2][R];
+    for (int c = 0; c < 2; c++)
+        for (int r = 0; r < R; r++) acc[c][r] = _mm512_setzero_ps();
+    __m512i zn[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    __m512 s_16[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int ci = 0; ci < nc; ci++) {
+        if (ci % cpg == 0) {
+            const int g = ci / cpg;
+            for (int c = 0; c < 2; c++) {
+                const size_t o = ((size_t)c * ng + g) * 16;
+                const __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(Z + o)));
+                zn[c] = _mm512_and_si512(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(z, 4)), _mm512_set1_epi32(0xffff));
+                s_16[c] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(S + o))), _mm512_set1_ps(0.0625f));
+            }
+        }
+        const uint8_t* w0 = wq + (size_t)ci * 512;
+        const uint8_t* w1 = w0 + (size_t)nc * 512;
+        __m512i ib[2][R];
+        for (int c = 0; c < 2; c++)
+            for (int r = 0; r < R; r++) ib[c][r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; t++) {
+            // the same place in the next pair of blocks (the thread's next work item): PREFETCH_BYTES ahead
+            // of each block would land in the other block of this pair, already being read
+            _mm_prefetch((const char*)(w0 + 2 * nc * 512 + t * 64), _MM_HINT_T0);
+            _mm_prefetch((const char*)(w1 + 2 * nc * 512 + t * 64), _MM_HINT_T0);
+            const __m512i v0 = _mm512_loadu_si512((const void*)(w0 + t * 64));
+            const __m512i v1 = _mm512_loadu_si512((const void*)(w1 + t * 64));
+            const __m512i l0 = _mm512_and_si512(_mm512_slli_epi16(v0, 4), hi), h0 = _mm512_and_si512(v0, hi);
+            const __m512i l1 = _mm512_and_si512(_mm512_slli_epi16(v1, 4), hi), h1 = _mm512_and_si512(v1, hi);
+            for (int r = 0; r < R; r++) {
+                const int8_t* x = a->q + (size_t)(m0 + r) * K + ci * 64 + 4 * t;
+                const __m512i xl = _mm512_set1_epi32(load_i32(x)), xh = _mm512_set1_epi32(load_i32(x + 32));
+                ib[0][r] = _mm512_dpbusd_epi32(ib[0][r], l0, xl);
+                ib[1][r] = _mm512_dpbusd_epi32(ib[1][r], l1, xl);
+                ib[0][r] = _mm512_dpbusd_epi32(ib[0][r], h0, xh);
+                ib[1][r] = _mm512_dpbusd_epi32(ib[1][r], h1, xh);
+            }
+        }
+        for (int c = 0; c < 2; c++)
+            for (int r = 0; r < R; r++) {  // as q4_block: the zero point in the integers, then one multiply-add
+                const size_t blk = (size_t)(m0 + r) * nc + ci;
+                const __m512i b = _mm512_dpwssd_epi32(ib[c][r], zn[c], _mm512_set1_epi32(a->xs[blk]));
+                acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_mul_ps(_mm512_set1_ps(a->d[blk]), s_16[c]), acc[c][r]);
+            }
+    }
+    for (int c = 0; c < 2; c++) {
+        const int n0 = (nb + c) * 16, cnt = L->N - n0 < 16 ? L->N - n0 : 16;
+        const __mmask16 mask = (__mmask16)((1u << cnt) - 1);
+        for (int r = 0; r < R; r++) {
+            __m512 v = acc[c][r];
+            if (L->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, L->bias + n0));
+            _mm512_mask_storeu_ps(y + (size_t)(m0 + r) * ldy + n0, mask, v);
+        }
     }
 }
 
@@ -510,13 +585,25 @@ static void f32_col_scalar(const Lin* L, int n, const float* x, int m, float* y,
 }
 
 #if PARLEY_VNNI
+// Column blocks nb .. nb + nblocks - 1 (1 or 2) of positions m0 .. m0 + R - 1: INT4 with blocks of 64 in pair
+// tiles of 4 positions (q4_pair), what is left (1-3 positions, a lone last block, the down projection, the
+// int8 head) a block at a time.
 template <int R>
-static inline void quant_block(const Lin* L, int nb, const Act* a, int m0, float* y) {
-    if (L->kind == W_Q4) {
-        if (lin_block(L) == 32) q4_block<R, 32>(L, nb, a, m0, y, L->N);
-        else q4_block<R, 64>(L, nb, a, m0, y, L->N);
+static inline void quant_block(const Lin* L, int nb, int nblocks, const Act* a, int m0, float* y) {
+    if constexpr (R >= 4) {
+        if (L->kind == W_Q4 && lin_block(L) == 64 && nblocks == 2) {
+            q4_pair(L, nb, a, m0, y, L->N);
+            if constexpr (R > 4) quant_block<R - 4>(L, nb, nblocks, a, m0 + 4, y);
+            return;
+        }
     }
-    else q8_block<R>(L, nb, a, m0, y, L->N);
+    for (int b = nb; b < nb + nblocks; b++) {
+        if (L->kind == W_Q4) {
+            if (lin_block(L) == 32) q4_block<R, 32>(L, b, a, m0, y, L->N);
+            else q4_block<R, 64>(L, b, a, m0, y, L->N);
+        }
+        else q8_block<R>(L, b, a, m0, y, L->N);
+    }
 }
 #endif
 
@@ -525,23 +612,24 @@ static void linear(const Lin* L, int M, const float* x, const Act* a, float* y) 
     const int N = L->N;
 #if PARLEY_VNNI
     if (L->kind != W_F32) {
-        // Work items: (chunk of up to 64 positions, 16-column block), chunk-major, so that a long pass (prefill)
-        // keeps one chunk's activations in L2 while each thread's weight blocks cycle, instead of streaming
-        // all its positions' activations again for every block.
-        const int nbs = (N + 15) / 16, nmc = (M + 63) / 64;
+        // Work items: (chunk of up to 64 positions, cw 16-column blocks: two for INT4 in blocks of 64, see
+        // q4_pair), chunk-major, so that a long pass (prefill) keeps one chunk's activations in L2 while each
+        // thread's weight blocks cycle, instead of streaming all its positions' activations again for every block.
+        const int cw = L->kind == W_Q4 && lin_block(L) == 64 ? 2 : 1;
+        const int nbs = (N + 15) / 16, nmc = (M + 63) / 64, nun = (nbs + cw - 1) / cw;
 #pragma omp for schedule(static)
-        for (int t = 0; t < nmc * nbs; t++) {
-            const int nb = t % nbs, m1 = std::min(M, (t / nbs + 1) * 64);
-            for (int m = t / nbs * 64; m < m1; m += 8) {  // tiles of up to 8 positions share each weight vector
+        for (int t = 0; t < nmc * nun; t++) {
+            const int nb = t % nun * cw, nbl = std::min(cw, nbs - nb), m1 = std::min(M, (t / nun + 1) * 64);
+            for (int m = t / nun * 64; m < m1; m += 8) {  // tiles of up to 8 positions share each weight vector
                 switch (std::min(8, m1 - m)) {
-                case 1: quant_block<1>(L, nb, a, m, y); break;
-                case 2: quant_block<2>(L, nb, a, m, y); break;
-                case 3: quant_block<3>(L, nb, a, m, y); break;
-                case 4: quant_block<4>(L, nb, a, m, y); break;
-                case 5: quant_block<5>(L, nb, a, m, y); break;
-                case 6: quant_block<6>(L, nb, a, m, y); break;
-                case 7: quant_block<7>(L, nb, a, m, y); break;
-                default: quant_block<8>(L, nb, a, m, y); break;
+                case 1: quant_block<1>(L, nb, nbl, a, m, y); break;
+                case 2: quant_block<2>(L, nb, nbl, a, m, y); break;
+                case 3: quant_block<3>(L, nb, nbl, a, m, y); break;
+                case 4: quant_block<4>(L, nb, nbl, a, m, y); break;
+                case 5: quant_block<5>(L, nb, nbl, a, m, y); break;
+                case 6: quant_block<6>(L, nb, nbl, a, m, y); break;
+                case 7: quant_block<7>(L, nb, nbl, a, m, y); break;
+                default: quant_block<8>(L, nb, nbl, a, m, y); break;
                 }
             }
         }
