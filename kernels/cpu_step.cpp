@@ -358,8 +358,7 @@ static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y
                     ib[r][1] = _mm512_dpbusd_epi32(ib[r][1], h, _mm512_set1_epi32(load_i32(x + 32)));
                 }
             }
-        } else {  // unrolled too: rolled, GCC copied each accumulator once per pass (8 extra moves a vector)
-#pragma GCC unroll 8
+        } else {
             for (int t = 0; t < 8; t++) {
                 _mm_prefetch((const char*)(w + PREFETCH_BYTES + t * 64), _MM_HINT_T0);
                 const __m512i v = _mm512_loadu_si512((const void*)(w + t * 64));
