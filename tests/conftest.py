@@ -18,17 +18,26 @@ sys.path.insert(0, str(Path(__file__).parent))  # test helpers (tiny.py, fakehub
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, torch.get_num_threads())))
 
 
+def _set_dirs(mp: pytest.MonkeyPatch, root) -> None:
+    mp.setenv("PARLEY_DATA_DIR", str(root / "parley-data"))
+    mp.setenv("PARLEY_CACHE_DIR", str(root / "parley-cache"))
+    mp.setenv("PARLEY_CONFIG_DIR", str(root / "parley-config"))
+
+
 @pytest.fixture(autouse=True, scope="session")
-def _isolated_dirs(tmp_path_factory):
-    """No test reads or writes the user's real Parley cache or data. Session-scoped, so that it is in place
-    before any module-scoped fixture (one that builds the INT4 model, say) runs; a test that changes these
-    variables with `monkeypatch` gets them back."""
-    base = tmp_path_factory.getbasetemp()
+def _isolated_dirs_for_fixtures(tmp_path_factory):
+    """Module-scoped fixtures (the INT4 model's, say) run before any function-scoped one: they get dirs of their
+    own, so that they never write into the user's ~/.cache/parley."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PARLEY_DATA_DIR", str(base / "parley-data"))
-        mp.setenv("PARLEY_CACHE_DIR", str(base / "parley-cache"))
-        mp.setenv("PARLEY_CONFIG_DIR", str(base / "parley-config"))
+        _set_dirs(mp, tmp_path_factory.getbasetemp() / "fixtures")
         yield
+
+
+@pytest.fixture(autouse=True)
+def _isolated_dirs(tmp_path_factory, monkeypatch):
+    """No test reads or writes the user's real Parley cache or data (tests that count the cache's folders see
+    only what tests wrote, not what a module's fixture built)."""
+    _set_dirs(monkeypatch, tmp_path_factory.getbasetemp())
 
 
 # The longest files (measured, --durations) start first: `--dist loadfile` hands files to workers in
