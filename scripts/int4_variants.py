@@ -3,12 +3,14 @@ once, fp head), on `assets/heldout` and GPL-3: how the README's "INT4 quality" r
 
     PYTHONPATH=<dir holding parley> python scripts/int4_variants.py VARIANT [--chunks 12]
 
-VARIANT joins with `+` any of: `base` (the shipped first-run method), `vrot[SEED]` (each attention head's values
+VARIANT joins with `+` any of: `base` (the shipped first-run method), `downscale` (an AWQ scale for down_proj
+too, as before issue 21's second round), `vrot[SEED]` (each attention head's values
 rotated by one orthogonal matrix, folded into v_proj's rows and o_proj's columns: an offline, exact change),
 `had<BLOCK>[sSEED]` (an online block-Hadamard on down_proj's input, folded into its columns; needs a runtime
 change, so measured here only; implies `nodownscale`), `nodownscale` (no AWQ scale for down_proj: with an
 online rotation in between, up_proj cannot absorb one), `rs<SEED>` (the residual rotation's seed). Prints one
-JSON line (perplexities, the quantization's CPU seconds, the fp logits' change from the variant's folds) and
+JSON line (perplexities with fp activations, and `*_act8` with every linear's input rounded to int8 in blocks
+as the native step rounds it; the quantization's CPU seconds; the fp logits' change from the variant's folds) and
 appends it to /tmp/int4_variants.jsonl. One thread, ~2-3 minutes of CPU per variant.
 """
 
@@ -28,12 +30,20 @@ from parley.models.loading import load_model
 from parley.models.quantize import awq
 from parley.models.quantize.cache import first_run_settings
 from parley.models.quantize.calibration import load_calibration
+from parley.models.quantize.int4_linear import decoder_linears
 from parley.models.quantize.rotate import random_rotation
 from parley.models.resolve import resolve
 from parley.models.tokenizer import load_tokenizer
 from parley.models.transformer import MLP
 
 GPL3 = Path("/usr/share/common-licenses/GPL-3")
+
+
+def int8_blocks(x: Tensor, block: int) -> Tensor:
+    """x rounded as the native step quantizes a product's input: int8 per `block` inputs, scale max|x| / 127."""
+    xb = x.reshape(*x.shape[:-1], -1, block)
+    d = xb.abs().amax(-1, keepdim=True) / 127
+    return (torch.round(xb / torch.where(d > 0, d, 1)).clamp(-127, 127) * d).reshape(x.shape)
 
 
 class HadamardMLP(MLP):
@@ -107,6 +117,8 @@ def main() -> None:
             skip_down_scale = True
         elif part == "nodownscale":
             skip_down_scale = True
+        elif part == "downscale":
+            settings.scale_down = True
         elif part.startswith("rs"):
             settings.rotation_seed = int(part[2:])
         elif part != "base":
@@ -128,6 +140,9 @@ def main() -> None:
               "fp_max_logit_change": fp_change}
     dequantized(model)
     result.update({name: round(perplexity(model, c), 3) for name, c in texts.items()})
+    for _, name, lin in decoder_linears(model):  # then int8 activations, as the native step quantizes them
+        lin.register_forward_pre_hook(lambda _m, args, b=32 if name == "down_proj" else 64: (int8_blocks(args[0], b),))
+    result.update({f"{name}_act8": round(perplexity(model, c), 3) for name, c in texts.items()})
     print(json.dumps(result), flush=True)
     with open("/tmp/int4_variants.jsonl", "a") as f:
         f.write(json.dumps(result) + "\n")
