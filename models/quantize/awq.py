@@ -81,6 +81,9 @@ class AWQSettings:
     # After rounding, refit each row's group scales by least squares on the calibration Gram matrix
     # (gptq.refit_scales): same integers and zero points, lower output error.
     refit_scales: bool = False
+    # Search an AWQ scale for down_proj's input (folded into up_proj's rows). Off, down_proj is clipped and
+    # rounded on its own input: with GPTQ after it, the scale measured worse (README, "INT4 quality").
+    scale_down: bool = True
 
 
 @dataclass
@@ -156,7 +159,8 @@ class ScaleGroup:
     linear_output: bool = False  # one linear, and its own output is what the search minimises
 
 
-def scale_groups(block: nn.Module, feats: dict[str, Tensor], run: LayerRunner) -> list[ScaleGroup]:
+def scale_groups(block: nn.Module, feats: dict[str, Tensor], run: LayerRunner,
+                 scale_down: bool = True) -> list[ScaleGroup]:
     attn, mlp = block.self_attn, block.mlp
     groups = [ScaleGroup("qkv", block.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj],
                          feats["qkv"], lambda x: run.attention(attn, x))]
@@ -166,8 +170,9 @@ def scale_groups(block: nn.Module, feats: dict[str, Tensor], run: LayerRunner) -
         groups.append(ScaleGroup("o", attn.v_proj, [attn.o_proj], feats["o"], attn.o_proj, linear_output=True))
     groups.append(ScaleGroup("gate_up", block.mlp_norm, [mlp.gate_proj, mlp.up_proj],
                              feats["gate_up"], lambda x: run.map(mlp, x)))
-    groups.append(ScaleGroup("down", mlp.up_proj, [mlp.down_proj], feats["down"], mlp.down_proj,
-                             linear_output=True))
+    if scale_down:
+        groups.append(ScaleGroup("down", mlp.up_proj, [mlp.down_proj], feats["down"], mlp.down_proj,
+                                 linear_output=True))
     return groups
 
 
@@ -319,18 +324,21 @@ def awq_layer(block: nn.Module, x: Tensor, run: LayerRunner, settings: AWQSettin
     """Scale, clip and quantize one decoder layer in place; return its fp output on x (the next layer's
     input) and the chosen alphas. quantize=False stops after folding the scales (weights stay fp)."""
     out, feats = capture_inputs(block, x, run)
-    groups = scale_groups(block, feats, run)
+    groups = scale_groups(block, feats, run, settings.scale_down)
     search_dtype = settings.search_dtype or x.dtype
     if search_dtype != x.dtype:  # search on a copy of the layer in search_dtype, fold into the real one
         work = deepcopy(block).to(search_dtype)
         search_run = LayerRunner.like(run, search_dtype)
-        search_groups = scale_groups(work, {k: v.to(search_dtype) for k, v in feats.items()}, search_run)
+        search_groups = scale_groups(work, {k: v.to(search_dtype) for k, v in feats.items()}, search_run,
+                                     settings.scale_down)
     else:
         search_groups = groups
     # o_proj has no scale group when v_proj's output is narrower (grouped-query attention): it is still
     # quantized, with clipping searched on its own input, rather than left in floating point (it would be
-    # a third of the decode step's bytes on the embedded model).
-    loose = [] if any(block.self_attn.o_proj in g.linears for g in groups) else [(block.self_attn.o_proj, feats["o"])]
+    # a third of the decode step's bytes on the embedded model). So is down_proj without its scale.
+    grouped = {lin for g in groups for lin in g.linears}
+    loose = [(lin, feats[k]) for k, lin in (("o", block.self_attn.o_proj), ("down", block.mlp.down_proj))
+             if lin not in grouped]
     del feats
     alphas = {}
     for group, search_group in zip(groups, search_groups, strict=True):

@@ -65,9 +65,9 @@ def default_calibration_size(device: torch.device) -> tuple[int, int]:
 
 
 def first_run_settings(group_size: int, device: torch.device) -> AWQSettings:
-    """The quantization a first run ships: AWQ scales on a rotated residual stream, rounded with GPTQ (see
-    README, "INT4 quality", for what each step buys and what did not pay)."""
-    awq = AWQSettings(group_size=group_size, rotate=True, gptq=True, refit_scales=True)
+    """The quantization a first run ships: AWQ scales (none for down_proj) on a rotated residual stream,
+    rounded with GPTQ (see README, "INT4 quality", for what each step buys and what did not pay)."""
+    awq = AWQSettings(group_size=group_size, rotate=True, gptq=True, refit_scales=True, scale_down=False)
     if device.type == "cpu":  # minutes, not an hour: see AWQSettings for what these trade
         awq.search_samples = 8
         if fast_cpu_bf16():
@@ -77,7 +77,8 @@ def first_run_settings(group_size: int, device: torch.device) -> AWQSettings:
 
 def method_name(awq: AWQSettings) -> str:
     """What the cache key and manifest call the method: a folder built by another method is never reused."""
-    steps = ["rotate"] * awq.rotate + ["awq"] + ["gptq-act-order" if awq.act_order else "gptq"] * awq.gptq
+    steps = (["rotate"] * awq.rotate + ["awq" if awq.scale_down else "awq-no-down-scale"]
+             + ["gptq-act-order" if awq.act_order else "gptq"] * awq.gptq)
     return "+".join(steps + ["refit"] * awq.refit_scales)
 
 

@@ -1,0 +1,152 @@
+"""Perplexity of one INT4 quantization variant of the embedded model, the quantization alone (weights dequantized
+once, fp head), on `assets/heldout` and GPL-3: how the README's "INT4 quality" rows on untried ideas were measured.
+
+    PYTHONPATH=<dir holding parley> python scripts/int4_variants.py VARIANT [--chunks 12]
+
+VARIANT joins with `+` any of: `base` (the shipped first-run method), `downscale` (an AWQ scale for down_proj
+too, as before issue 21's second round), `vrot[SEED]` (each attention head's values
+rotated by one orthogonal matrix, folded into v_proj's rows and o_proj's columns: an offline, exact change),
+`had<BLOCK>[sSEED]` (an online block-Hadamard on down_proj's input, folded into its columns; needs a runtime
+change, so measured here only; implies `nodownscale`), `nodownscale` (no AWQ scale for down_proj: with an
+online rotation in between, up_proj cannot absorb one), `rs<SEED>` (the residual rotation's seed). Prints one
+JSON line (perplexities with fp activations, and `*_act8` with every linear's input rounded to int8 in blocks
+as the native step rounds it; the quantization's CPU seconds; the fp logits' change from the variant's folds) and
+appends it to /tmp/int4_variants.jsonl. One thread, ~2-3 minutes of CPU per variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from parley.app.bench.quality import HELDOUT_DIR, dequantized, perplexity
+from parley.models.loading import load_model
+from parley.models.quantize import awq
+from parley.models.quantize.cache import first_run_settings
+from parley.models.quantize.calibration import load_calibration
+from parley.models.quantize.int4_linear import decoder_linears
+from parley.models.quantize.rotate import random_rotation
+from parley.models.resolve import resolve
+from parley.models.tokenizer import load_tokenizer
+from parley.models.transformer import MLP
+
+GPL3 = Path("/usr/share/common-licenses/GPL-3")
+
+
+def int8_blocks(x: Tensor, block: int) -> Tensor:
+    """x rounded as the native step quantizes a product's input: int8 per `block` inputs, scale max|x| / 127."""
+    xb = x.reshape(*x.shape[:-1], -1, block)
+    d = xb.abs().amax(-1, keepdim=True) / 127
+    return (torch.round(xb / torch.where(d > 0, d, 1)).clamp(-127, 127) * d).reshape(x.shape)
+
+
+class HadamardMLP(MLP):
+    """SwiGLU whose product is multiplied by a block-diagonal orthogonal matrix before down_proj (the online
+    rotation a runtime would apply: x -> x H per block of `hb.shape[0]` channels)."""
+
+    hb: Tensor
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.silu(self.gate_proj(x)) * self.up_proj(x)
+        b = self.hb.shape[0]
+        return self.down_proj((h.reshape(*h.shape[:-1], -1, b) @ self.hb.to(h.dtype)).reshape(h.shape))
+
+
+@torch.no_grad()
+def rotate_values(model, seed: int) -> None:
+    hd = model.config.head_dim
+    r = random_rotation(hd, seed)
+    for block in model.layers:
+        a = block.self_attn
+        v = a.v_proj.weight.double().view(a.n_kv_heads, hd, -1)
+        a.v_proj.weight.copy_((r.t() @ v).reshape(a.v_proj.weight.shape))  # each head's values v -> v R
+        if a.v_proj.bias is not None:
+            a.v_proj.bias.copy_((a.v_proj.bias.double().view(a.n_kv_heads, hd) @ r).reshape(-1))
+        o = a.o_proj.weight.double().view(-1, a.n_heads, hd)
+        a.o_proj.weight.copy_((o @ r).reshape(a.o_proj.weight.shape))  # ... and o_proj undoes it per head
+
+
+@torch.no_grad()
+def hadamard_down(model, block: int, seed: int) -> None:
+    hb = random_rotation(block, seed)
+    for layer in model.layers:
+        mlp = layer.mlp
+        w = mlp.down_proj.weight.double()  # W h = (W H)(H^T h): the runtime feeds h H, the weight is W H
+        mlp.down_proj.weight.copy_((w.view(w.shape[0], -1, block) @ hb).reshape(w.shape))
+        mlp.__class__ = HadamardMLP
+        mlp.hb = hb.float()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("variant")
+    parser.add_argument("--chunks", type=int, default=12, help="chunks of 512 tokens per text")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    files = resolve(None)
+    model = load_model(files, dtype=torch.float32, device="cpu")
+    tok = load_tokenizer(files)
+
+    def chunks(paths: list[Path], t: int = 512) -> Tensor:
+        ids = [i for p in paths for i in tok.encode(p.read_text(encoding="utf-8").strip() + "\n\n")]
+        n = min(args.chunks, len(ids) // t)
+        return torch.tensor(ids[: n * t]).view(n, t)
+
+    def logits(row: Tensor) -> Tensor:
+        cache = model.new_cache(row.numel())
+        cache.window = row.numel()
+        with torch.inference_mode():
+            return model(row[None], torch.arange(row.numel())[None], cache)[0]
+
+    texts = {"heldout": chunks(sorted(HELDOUT_DIR.glob("*.txt"))), "gpl3": chunks([GPL3])}
+    before = logits(texts["heldout"][0])
+    settings = first_run_settings(64, torch.device("cpu"))
+    skip_down_scale = False
+    for part in args.variant.split("+"):
+        if part.startswith("vrot"):
+            rotate_values(model, int(part[4:] or 1))
+        elif part.startswith("had"):
+            block, _, seed = part[3:].partition("s")
+            hadamard_down(model, int(block), int(seed or 2))
+            skip_down_scale = True
+        elif part == "nodownscale":
+            skip_down_scale = True
+        elif part == "downscale":
+            settings.scale_down = True
+        elif part.startswith("rs"):
+            settings.rotation_seed = int(part[2:])
+        elif part != "base":
+            raise SystemExit(f"unknown variant part {part!r}")
+    fp_change = (logits(texts["heldout"][0]) - before).abs().max().item()
+    if skip_down_scale:
+        search = awq.search_scale
+
+        def no_down_scale(group, masters, s, group_size):
+            if group.name == "down":
+                return torch.ones(group.x.shape[-1]), -1.0
+            return search(group, masters, s, group_size)
+
+        awq.search_scale = no_down_scale
+    calibration = load_calibration(tok.encode, 32, 256, "builtin")
+    cpu = time.process_time()
+    awq.awq_quantize(model, calibration.tokens, settings)
+    result = {"variant": args.variant, "quantize_cpu_s": round(time.process_time() - cpu, 1),
+              "fp_max_logit_change": fp_change}
+    dequantized(model)
+    result.update({name: round(perplexity(model, c), 3) for name, c in texts.items()})
+    for _, name, lin in decoder_linears(model):  # then int8 activations, as the native step quantizes them
+        lin.register_forward_pre_hook(lambda _m, args, b=32 if name == "down_proj" else 64: (int8_blocks(args[0], b),))
+    result.update({f"{name}_act8": round(perplexity(model, c), 3) for name, c in texts.items()})
+    print(json.dumps(result), flush=True)
+    with open("/tmp/int4_variants.jsonl", "a") as f:
+        f.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()
