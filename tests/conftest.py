@@ -27,9 +27,12 @@ def _set_dirs(mp: pytest.MonkeyPatch, root) -> None:
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_dirs_for_fixtures(tmp_path_factory):
     """Module-scoped fixtures (the INT4 model's, say) run before any function-scoped one: they get dirs of their
-    own, so that they never write into the user's ~/.cache/parley."""
+    own, so that they never write into the user's ~/.cache/parley. One for all of a run's xdist workers (the
+    parent of their base temps), as the user's cache was: the real model is quantized once, not per worker."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     with pytest.MonkeyPatch.context() as mp:
-        _set_dirs(mp, tmp_path_factory.getbasetemp() / "fixtures")
+        _set_dirs(mp, shared / "fixtures")
         yield
 
 
