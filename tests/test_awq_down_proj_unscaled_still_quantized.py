@@ -1,6 +1,6 @@
-"""Without its AWQ scale (the first-run method since issue 21), down_proj is still clipped and rounded to INT4 on
-its own input, up_proj's output rows are left as they were (only the gate/up group's column scale touches
-up_proj), and the fp function is unchanged by the folds."""
+"""Without its AWQ scale (`AWQSettings.scale_down=False`: measured in issue 21, not the first-run default),
+down_proj is still clipped and rounded to INT4 on its own input, up_proj's output rows are left as they were
+(only the gate/up group's column scale touches up_proj), and the fp function is unchanged by the folds."""
 
 import torch
 from awq_tiny import logits, outlier_model

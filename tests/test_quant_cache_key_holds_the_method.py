@@ -28,5 +28,5 @@ def test_each_method_gets_its_own_folder(tmp_path, monkeypatch):
 
 def test_the_first_run_method_is_in_the_key():
     s = cache.first_run_settings(64, torch.device("cpu"))
-    assert cache.method_name(s) == "rotate+awq-no-down-scale+gptq+refit"
-    assert s.rotate and s.gptq and s.refit_scales and not s.scale_down and not s.act_order
+    assert cache.method_name(s) == "rotate+awq+gptq+refit"
+    assert s.rotate and s.gptq and s.refit_scales and s.scale_down and not s.act_order
