@@ -5,6 +5,7 @@ quit (or the test harness leaving the app) during the render loses nothing."""
 from __future__ import annotations
 
 import asyncio
+from contextlib import asynccontextmanager
 
 import pytest
 from app_support import make_app, ready, send, wait_until
@@ -31,13 +32,20 @@ def hold_last_render(monkeypatch) -> tuple[asyncio.Event, asyncio.Event]:
     return entered, release
 
 
-async def test_busy_until_rendered_and_saved(tmp_path, monkeypatch):
+@asynccontextmanager
+async def in_last_render(tmp_path, monkeypatch, reply: str):
+    """The app, its engine, the pilot and the release event, once the reply to "a question" is in its last render."""
     entered, release = hold_last_render(monkeypatch)
-    app, engine = make_app(tmp_path, FakeEngine(replies=["The answer."]))
+    app, engine = make_app(tmp_path, FakeEngine(replies=[reply]))
     async with app.run_test(size=(80, 24)) as pilot:
         await ready(app, pilot)
         await send(app, pilot, "a question")
         await wait_until(entered.is_set)
+        yield app, engine, pilot, release
+
+
+async def test_busy_until_rendered_and_saved(tmp_path, monkeypatch):
+    async with in_last_render(tmp_path, monkeypatch, "The answer.") as (app, engine, pilot, release):
         assert app.generating, "the reply counts as in flight while its last render runs"
         stored = app.store.messages(app.conversation.id)
         assert [(m.role, m.content) for m in stored] == [("user", "a question"), ("assistant", "The answer.")]
@@ -50,12 +58,7 @@ async def test_busy_until_rendered_and_saved(tmp_path, monkeypatch):
 
 
 async def test_quit_during_the_last_render_keeps_the_reply(tmp_path, monkeypatch):
-    entered, _ = hold_last_render(monkeypatch)
-    app, _ = make_app(tmp_path, FakeEngine(replies=["Kept."]))
-    async with app.run_test(size=(80, 24)) as pilot:
-        await ready(app, pilot)
-        await send(app, pilot, "a question")
-        await wait_until(entered.is_set)
+    async with in_last_render(tmp_path, monkeypatch, "Kept.") as (app, _, pilot, _):
         conversation = app.conversation.id
         await pilot.press("ctrl+q")
     assert [m.content for m in Store(tmp_path / "parley.db").messages(conversation)] == ["a question", "Kept."]
