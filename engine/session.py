@@ -102,8 +102,12 @@ class Session:
             auto = params.speculation == "auto" and drafter is not None
             adapt.k_max = params.draft_tokens
             k = min(adapt.k, target.max_len - len(context), budget - 1) if drafter else 0
+            shadow: list[int] = []
             if auto and (pay.needs_plain_round or not pay.pays()):
                 k = 0  # auto: measure one plain round to compare with, or drafting was measured not to pay
+                if pay.shadowing and getattr(drafter, "cheap", False):  # guess anyway; plain decoding judges it
+                    room = min(params.draft_tokens, budget - 1, target.max_len - len(context))
+                    shadow = self._shadow_guesses(drafter, context, room, params, cost, (landed + 1) / (expected + 1))
             draft, q = drafter.propose(context, k, params, generator) if k > 0 else ([], None)
             scores = getattr(drafter, "scores", None) if draft and q is None else None
             parents = getattr(drafter, "parents", None) if scores else None
@@ -113,6 +117,7 @@ class Session:
                 del draft[target.max_len - len(context):]  # a tree's nodes (more than k) each take a slot
             # forward + verify: one target pass scores every guess and decides one token past them
             verifying = round_clock()
+            pay.shadow(shadow, verifying - started)
             if parents and target.trees and any(p != i - 1 for i, p in enumerate(parents[: len(draft)])):
                 new, path, depth = self._verify_tree(draft, parents[: len(draft)], pending, context, params, generator)
             else:
@@ -123,6 +128,7 @@ class Session:
             done = round_clock()
             cost.add(1 + len(draft), done - verifying)  # the pass; the drafting is judged with the round
             pay.add(len(draft), len(new), done - started)
+            pay.saw(new)
             if scores:
                 landed, expected = landed + len(new) - 1, expected + sum(scores[: len(draft)])
             # commit what is shown: up to a stop token (whose KV is never claimed) and the budget
@@ -143,6 +149,17 @@ class Session:
             yield TextDelta(tail)
         yield self._stats(figures, pending=reason != "eos")  # the final figures: the last Stats of a reply
         yield Done(reason, detail)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _shadow_guesses(drafter, context: list[int], k: int, params: GenerationParams, cost,
+                        calibration: float) -> list[int]:
+        """A cheap drafter's chain of guesses for `context`, cut to those a drafted round would verify."""
+        guesses, _ = drafter.propose(context, k, params) if k > 0 else ([], None)
+        if getattr(drafter, "parents", None):
+            return []  # a tree: not judged by shadows (`auto` drafts chains)
+        if guesses and (scores := getattr(drafter, "scores", None)):
+            del guesses[max(1, best_length(scores, cost, calibration)):]
+        return guesses
 
     def _verify_tree(self, draft: list[int], parents: list[int], pending: int, context: list[int],
                      params: GenerationParams, generator) -> tuple[list[int], list[int], int]:

@@ -1,5 +1,5 @@
 """Whether speculation pays: the measured cost of a target pass by its length, the draft length that
-maximises expected tokens per second, and the `auto` mode's decision to stop drafting in a reply.
+maximises expected tokens per second, and the `auto` mode's decisions to pause and resume drafting in a reply.
 
 Why measured, not assumed: what a k-token verification pass costs against a 1-token pass depends on
 the device, the kernels and the context depth (on the 2-core CPU a 17-token pass at 2,000 tokens of
@@ -9,6 +9,7 @@ many tokens a pass verifies, never which tokens are emitted.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 PRIOR_SLOPE = 0.15  # the cost of one more verified token, in 1-token passes, before any is measured
@@ -59,39 +60,108 @@ def best_length(scores: Sequence[float], cost: PassCost, calibration: float = 1.
 
 
 class PayCheck:
-    """The `auto` mode's judgement over one reply: after `min_rounds` drafted rounds, speculation stays
-    on only while its tokens per second are at least plain decoding's (one token per 1-token round).
-    The first drafted round is not counted: it carries the drafter's one-off catching up with the
-    prompt (indexing a pasted document, a draft model's prefill)."""
+    """The `auto` mode's judgement over one reply, revised as the reply goes on.
 
-    def __init__(self, cost: PassCost, min_rounds: int = 6) -> None:
-        self.cost, self.min_rounds = cost, min_rounds
-        self.rounds = self.tokens = 0  # drafted rounds and the tokens they decided
+    On: after `min_rounds` drafted rounds, drafting goes on while its tokens per second over the last
+    `window` drafted rounds are at least plain decoding's (one token per timed 1-token round). The first
+    drafted round is never counted: it carries the drafter's one-off catching up with the prompt
+    (indexing a pasted document, a draft model's prefill).
+
+    Off (paused): plain rounds. A cheap drafter (suffix match, prompt lookup: no model pass) goes on
+    guessing without anything being verified, and each such shadow guess is scored against the tokens
+    plain decoding then emits: what a drafted round would have decided (the matched guesses and one
+    more) and what it would have cost (the drafting timed, the pass from the measured costs). Drafting
+    resumes once the last `shadows` shadows (2 at least) say it would run `resume` times plain decoding's speed: a
+    reply that starts to quote the pasted document after a stretch of free text. A dear drafter (a draft
+    model) is instead tried again after `backoff` plain rounds, twice as many each time it is paused.
+    Why shadows: a drafter judged on a reply's first rounds used to stay off for the rest of the reply,
+    and re-trying it blindly costs dear passes each time; a shadow costs a trie lookup.
+    """
+
+    def __init__(self, cost: PassCost, min_rounds: int = 6, window: int = 12, shadows: int = 4,
+                 resume: float = 1.1, backoff: int = 16) -> None:
+        self.cost, self.min_rounds, self.window, self.resume = cost, min_rounds, window, resume
+        self.backoff = backoff
+        self.rounds = self.tokens = 0  # drafted rounds since drafting (re)started, and the tokens they decided
         self.seconds = 0.0
-        self.note = ""  # why speculation was turned off, in plain words ("" while it is on)
+        self.note = ""  # why speculation is paused, in plain words ("" while it is on)
+        self.pauses = 0  # how often this reply paused drafting
         self._warm = False
+        self._recent: deque[tuple[int, float]] = deque(maxlen=window)  # drafted rounds: (tokens, seconds)
+        self._shadows: deque[tuple[int, float]] = deque(maxlen=shadows)  # shadow rounds, as if drafted
+        self._shadow: tuple[list[int], int, float] | None = None  # guesses, how many matched, drafting seconds
+        self._plain_rounds = 0  # plain rounds since the pause
 
     def add(self, drafted: int, tokens: int, seconds: float) -> None:
         """One round: `drafted` guesses verified, `tokens` decided, in `seconds` (drafting included)."""
-        if drafted and not self._warm:
+        if not drafted:
+            self._plain_rounds += bool(self.note)
+        elif not self._warm:
             self._warm = True
-        elif drafted:
+        else:
             self.rounds, self.tokens, self.seconds = self.rounds + 1, self.tokens + tokens, self.seconds + seconds
+            self._recent.append((tokens, seconds))
 
     @property
     def needs_plain_round(self) -> bool:
         """True when a verdict is due but no 1-token round has been timed yet to compare with."""
         return self.rounds >= self.min_rounds and self.cost.base is None
 
+    @property
+    def shadowing(self) -> bool:
+        """True when a shadow guess is wanted this round (paused, and no earlier shadow still open)."""
+        return bool(self.note) and self._shadow is None and self.cost.base is not None
+
     def pays(self) -> bool:
-        """False once measured drafting is slower than plain decoding (then for the rest of the reply)."""
+        """Whether to draft this round."""
         if self.note:
-            return False
+            if len(self._shadows) >= 2 and self._speedup(self._shadows) >= self.resume:
+                self._restart()
+            elif not self._shadows and self._plain_rounds >= self.backoff * 2 ** (self.pauses - 1):
+                self._restart()  # nothing to judge by but trying again (a draft model)
+            return not self.note
         if self.rounds < self.min_rounds or self.cost.base is None:
             return True
-        speedup = self.tokens * self.cost.base / self.seconds
+        speedup = self._speedup(self._recent)
         if speedup >= 1.0:
             return True
-        self.note = (f"speculation turned off for this reply: guesses were too rarely right to pay "
-                     f"({self.tokens / self.rounds:.1f} tokens per pass, {speedup:.2f}x plain decoding's speed)")
+        self.pauses += 1
+        per_pass = sum(t for t, _ in self._recent) / len(self._recent)
+        self.note = (f"speculation paused: guesses were too rarely right to pay ({per_pass:.1f} "
+                     f"tokens per pass, {speedup:.2f}x plain decoding's speed); it is tried again as the reply goes on")
+        self._plain_rounds = 0
         return False
+
+    def shadow(self, guesses: list[int], seconds: float) -> None:
+        """Guesses a paused drafter made this round (nothing verified), and the seconds drafting them took."""
+        if guesses and self.shadowing:
+            self._shadow = (list(guesses), 0, seconds)
+
+    def saw(self, new: list[int]) -> None:
+        """The tokens a round decided: scores the open shadow guess against them."""
+        if self._shadow is None:
+            return
+        guesses, matched, seconds = self._shadow
+        for token in new:
+            if token != guesses[matched]:
+                break
+            matched += 1
+            if matched == len(guesses):
+                break
+        else:  # every token of this round matched, and guesses are left: the shadow stays open
+            self._shadow = (guesses, matched, seconds)
+            return
+        self._shadow = None  # a drafted round would have decided the matched guesses and one token more
+        assert self.cost.base is not None
+        self._shadows.append((matched + 1, seconds + self.cost.base * self.cost.ratio(1 + len(guesses))))
+
+    def _speedup(self, rounds: deque[tuple[int, float]]) -> float:
+        """Tokens per second of these rounds against plain decoding's."""
+        assert self.cost.base is not None
+        return sum(t for t, _ in rounds) * self.cost.base / max(1e-12, sum(s for _, s in rounds))
+
+    def _restart(self) -> None:
+        self.note, self.rounds, self.tokens, self.seconds = "", 0, 0, 0.0
+        self._recent.clear()
+        self._shadows.clear()
+        self._shadow = None

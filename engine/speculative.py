@@ -117,6 +117,7 @@ class PromptLookup:
     """
 
     name = "prompt lookup"
+    cheap = True  # no model pass: `auto` may keep guessing while paused, to see whether guesses would land
 
     def __init__(self, min_n: int = 2, max_n: int = 4) -> None:
         if not 1 <= min_n <= max_n:
@@ -167,6 +168,7 @@ class SuffixMatch:
     """
 
     name = "suffix match"
+    cheap = True  # no model pass: `auto` may keep guessing while paused, to see whether guesses would land
 
     def __init__(self, depth: int = 24, per_match: float = 2.0, min_score: float = 0.2, width: int = 1,
                  nodes: float = 1.0) -> None:

@@ -41,10 +41,59 @@ def test_paycheck_turns_drafting_off_only_when_slower_than_plain():
         assert slow.pays() and fast.pays()  # no verdict before min_rounds drafted rounds
         slow.add(drafted=4, tokens=1, seconds=2.2)  # 1 token per 2.2 plain-round times
         fast.add(drafted=4, tokens=4, seconds=2.2)
-    assert not slow.pays() and "turned off" in slow.note and "0.45x" in slow.note
+    assert not slow.pays() and "paused" in slow.note and "0.45x" in slow.note
     assert fast.pays() and fast.note == ""
-    slow.add(drafted=4, tokens=5, seconds=1.0)
-    assert not slow.pays()  # off stays off for the rest of the reply
+    for _ in range(15):
+        slow.add(drafted=0, tokens=1, seconds=1.0)
+        assert not slow.pays()  # paused: 16 plain rounds before a drafter without shadows is tried again
+    slow.add(drafted=0, tokens=1, seconds=1.0)
+    assert slow.pays() and slow.note == "" and slow.rounds == 0  # tried again, judged afresh
+
+
+def test_paycheck_judges_the_recent_rounds_not_the_whole_reply():
+    check = PayCheck(cost(1.0, 0.3), min_rounds=4, window=6)
+    check.add(drafted=4, tokens=5, seconds=1.0)  # not judged
+    for _ in range(20):  # a long quote: 5 tokens per 2.2 plain-round times
+        check.add(drafted=4, tokens=5, seconds=2.2)
+        assert check.pays()
+    free = 0  # then free text: 1 token per 2.2; the whole reply would still pay, the last 6 rounds do not
+    while free < 6 and check.pays():
+        check.add(drafted=4, tokens=1, seconds=2.2)
+        free += 1
+    assert free == 5 and "paused" in check.note, free  # the last 6 rounds: 1 quoted + 5 free = 10 in 13.2
+
+
+def test_paycheck_resumes_when_shadow_guesses_would_pay():
+    c = cost(1.0, 0.1)
+    check = PayCheck(c, min_rounds=2, shadows=4)
+    for _ in range(3):
+        check.add(drafted=4, tokens=1, seconds=2.0)
+    assert not check.pays() and check.shadowing
+    check.shadow([7, 8, 9], seconds=0.01)
+    assert not check.shadowing  # one open shadow at a time
+    check.saw([5])  # missed at once: as drafted, 1 token for a 4-token pass (1.3 plain passes) + drafting
+    check.shadow([1, 2], seconds=0.01)
+    check.saw([3])  # 1 token for a 3-token pass
+    assert not check.pays()  # 2 tokens in 2.52 plain-pass times
+    check.shadow([4, 5, 6], seconds=0.01)
+    for t in (4, 5, 6):
+        assert not check.pays()
+        check.saw([t])  # all three land: 4 tokens for a 4-token pass; the last 3 shadows: 6 tokens in 3.83
+    assert check.pays() and check.note == "" and check.rounds == 0
+
+
+def test_paycheck_stays_paused_while_shadows_would_not_pay():
+    check = PayCheck(cost(1.0, 0.3), min_rounds=2)
+    for _ in range(3):
+        check.add(drafted=4, tokens=1, seconds=2.0)
+    assert not check.pays()
+    for i in range(40):  # one guess landing in three: 1.33 tokens per (1.3 + drafting), under 1.1x plain
+        check.shadow([i, i + 1], seconds=0.05)
+        check.saw([i] if i % 3 == 0 else [-1])
+        if i % 3 == 0:
+            check.saw([-1])
+        check.add(drafted=0, tokens=1, seconds=1.0)
+        assert not check.pays(), i  # and no back-off: shadows are the evidence
 
 
 def test_paycheck_asks_for_a_plain_round_to_compare_with():

@@ -1,0 +1,124 @@
+"""`auto` pauses drafting once its measured tokens per second fall below plain decoding's (and says so
+in `Stats.speculation_note`), keeps a drafter that pays, and resumes within the same reply: a cheap
+drafter when its unverified (shadow) guesses would have paid again, a dear one after a back-off. The
+rounds are timed by a fake clock (each read advances it by one plain pass; each guess adds a fifth of
+that), so the verdicts do not depend on the machine; every reply stays token-identical to plain decoding."""
+
+import pytest
+from single_thread import single_thread  # noqa: F401
+from tiny import tiny_engine
+
+from parley.engine import session as session_module
+from parley.engine.events import Stats
+from parley.engine.params import GenerationParams
+from parley.engine.speculation_pay import PassCost
+
+PARAMS = GenerationParams(temperature=0, max_new_tokens=200, draft_tokens=4, speculation="auto")
+SWITCH = 50  # "wrong, then right" guessers start guessing right at this many reply tokens
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += 1.0  # a read a step: a 1-token pass (between two reads) costs 1.0
+        return self.t
+
+
+class Guesser:
+    """Proposes the plain reply's next tokens (right), or each of them plus one (wrong); `when` says which
+    by reply position ("first right": only the first guess of each proposal is right, too few to pay for
+    the rest). `cheap` as the suffix and prompt-lookup drafters are (no model pass)."""
+
+    def __init__(self, prompt_len: int, reply: list[int], clock: Clock, when: str, cheap: bool) -> None:
+        self.start, self.reply, self.clock, self.when, self.cheap = prompt_len, reply, clock, when, cheap
+        self.name = f"{when} guesses"
+        self.calls: list[tuple[int, int]] = []  # (reply tokens decided, guesses) per proposal
+
+    def right(self, done: int) -> bool:
+        return self.when == "right" or (self.when == "wrong then right" and done >= SWITCH)
+
+    def propose(self, context, k, params=None, generator=None):
+        done = len(context) - self.start  # reply tokens already decided (the context ends with the newest)
+        guesses = self.reply[done : done + k]
+        self.clock.t += 0.2 * len(guesses)  # each guess makes the round dearer by a fifth of a plain pass
+        self.calls.append((done, len(guesses)))
+        if self.when == "first right":
+            return guesses[:1] + [(t + 1) % 256 for t in guesses[1:]], None
+        return (guesses if self.right(done) else [(t + 1) % 256 for t in guesses]), None
+
+
+def run(eng, params):
+    session = eng.session()
+    events = list(session.reply([{"role": "user", "content": "tell me a story"}], params))
+    return session.reply_ids, [e for e in events if isinstance(e, Stats)][-1]
+
+
+@pytest.fixture()
+def setup(monkeypatch):
+    eng = tiny_engine(seed=4)
+    eng.tokenizer.stop_ids = frozenset()
+    plain, stats = run(eng, GenerationParams(**{**PARAMS.__dict__, "speculation": "off"}))
+    assert stats.drafter == "" and stats.speculation_note == "" and len(plain) == PARAMS.max_new_tokens
+    clock = Clock()
+    monkeypatch.setattr(session_module, "round_clock", clock)
+    eng.pass_cost = PassCost()  # forget the plain reply's rounds, timed by the real clock
+    prompt_len = len(eng.tokenizer.encode_chat([{"role": "user", "content": "tell me a story"}]))
+
+    def with_guesser(when: str, cheap: bool) -> Guesser:
+        guesser = Guesser(prompt_len, plain, clock, when, cheap)
+        monkeypatch.setattr(eng, "drafter", lambda mode: guesser if mode != "off" else None)
+        return guesser
+
+    return eng, plain, with_guesser
+
+
+@pytest.mark.parametrize("cheap", [True, False], ids=["cheap", "dear"])
+def test_right_guesses_keep_drafting_on(setup, cheap):
+    eng, plain, with_guesser = setup
+    guesser = with_guesser("right", cheap)
+    got, stats = run(eng, PARAMS)
+    assert got == plain and stats.drafter == guesser.name
+    assert stats.speculation_note == "" and stats.tokens_per_target_pass > 3, stats
+
+
+def test_wrong_guesses_pause_drafting_and_only_shadows_follow(setup):
+    eng, plain, with_guesser = setup
+    guesser = with_guesser("wrong", cheap=True)
+    got, stats = run(eng, PARAMS)
+    assert got == plain
+    assert "paused" in stats.speculation_note, stats
+    # verified guesses stop after the verdict (7 drafted rounds: 1 not judged + 6); shadows go on, never resuming
+    assert stats.proposed <= 7 * PARAMS.draft_tokens, stats
+    assert sum(n for _, n in guesser.calls) > 3 * stats.proposed, guesser.calls
+    # the same guesser under an explicit mode is not judged: it keeps trying (paused between misses)
+    got, forced = run(eng, GenerationParams(**{**PARAMS.__dict__, "speculation": "suffix"}))
+    assert got == plain and forced.speculation_note == "" and forced.proposed > stats.proposed, forced
+
+
+def test_a_cheap_drafter_resumes_when_its_shadow_guesses_would_pay(setup):
+    eng, plain, with_guesser = setup
+    guesser = with_guesser("wrong then right", cheap=True)
+    got, stats = run(eng, PARAMS)
+    assert got == plain
+    assert stats.speculation_note == "", stats  # paused early, then resumed: on at the end
+    paused_at = next(done for done, _ in guesser.calls[7:] if done < SWITCH)
+    assert paused_at < SWITCH
+    # after the switch, guesses are verified again within a few shadows (each shadow: one proposal)
+    right_rounds = [done for done, n in guesser.calls if done >= SWITCH]
+    assert right_rounds[0] == SWITCH and len(right_rounds) < (PARAMS.max_new_tokens - SWITCH) / 3, right_rounds
+    # a drafted round accepts 4 and adds 1: all but ~16 tokens after the switch (3 shadows, k's ramp) are drafted
+    assert stats.accepted >= 0.8 * (PARAMS.max_new_tokens - SWITCH - 16), stats
+
+
+def test_a_dear_drafter_is_retried_after_a_growing_back_off(setup):
+    eng, plain, with_guesser = setup
+    guesser = with_guesser("first right", cheap=False)  # each round lands one guess: never paused by misses
+    got, stats = run(eng, PARAMS)
+    assert got == plain
+    starts = [done for done, _ in guesser.calls]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    waits = [g for g in gaps if g > 2]  # paused after 6 judged rounds, each time: 16 plain rounds, 32, 64
+    assert len(waits) == 3 and all(w > 16 * 2**i for i, w in enumerate(waits)), (starts, gaps)
+    assert "paused" in stats.speculation_note, stats
