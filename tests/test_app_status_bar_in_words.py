@@ -1,7 +1,7 @@
 """The status bar in words: the quantization ("INT4 (AWQ)", "full precision", never "· none"), speculation
 ("speculating: prompt lookup · 75% of guesses kept · 2.4 tokens per step"), and the background INT4 progress
 kept whole in an ordinary 100-column terminal (it used to be cut below 220 columns). A note the engine sends
-when auto turned speculation off is shown once."""
+when auto paused speculation is shown once, and the drafter reads "(paused)" while it is."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class NotingSession(FakeSession):
     def _stats(self, n, prompt_tokens, params):
         stats = super()._stats(n, prompt_tokens, params)
         fields = {f.name for f in dataclasses.fields(Stats)}
-        note = "prompt lookup was slowing this reply down: speculation is off for it"
+        note = "speculation paused: prompt lookup was slowing this reply down"
         if "speculation_note" in fields:
             return dataclasses.replace(stats, speculation_note=note)
         stats = dataclasses.replace(stats)
@@ -62,7 +62,7 @@ async def test_speculation_in_words_and_its_note_shown_once(tmp_path):
         await send(app, pilot, "go")
         await wait_until(lambda: engine.calls and not app.generating)
         stats = app.status.stats
-        assert (f"speculating: prompt lookup · {stats.accepted / stats.proposed:.0%} of guesses kept · "
+        assert (f"speculating: prompt lookup (paused) · {stats.accepted / stats.proposed:.0%} of guesses kept · "
                 "2.4 tokens per step") in str(app.status.render())
         notes = [n for n in app._notifications if "slowing this reply down" in str(n.message)]
         assert len(notes) == 1

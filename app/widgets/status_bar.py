@@ -31,8 +31,11 @@ def model_words(model: str, quantization: str) -> str:
 
 
 def speculation_words(stats: Stats) -> str:
-    """'speculating: prompt lookup · 70% of guesses kept · 2.8 tokens per step'."""
+    """'speculating: prompt lookup · 70% of guesses kept · 2.8 tokens per step'; '(paused)' after the drafter
+    while `auto` has paused it (guesses too rarely right to pay; it may resume later in the reply)."""
     drafter = getattr(stats, "drafter", "") or "on"
+    if getattr(stats, "speculation_note", ""):
+        drafter += " (paused)"
     return (f"speculating: {drafter} · {stats.acceptance_rate:.0%} of guesses kept · "
             f"{stats.tokens_per_target_pass:.1f} tokens per step")
 
