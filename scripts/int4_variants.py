@@ -29,7 +29,7 @@ from parley.app.bench.quality import HELDOUT_DIR, dequantized, perplexity
 from parley.models.loading import load_model
 from parley.models.quantize import awq
 from parley.models.quantize.cache import first_run_settings
-from parley.models.quantize.calibration import load_calibration
+from parley.models.quantize.calibration import builtin_files, load_calibration
 from parley.models.quantize.int4_linear import decoder_linears
 from parley.models.quantize.rotate import random_rotation
 from parley.models.resolve import resolve
@@ -87,6 +87,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("variant")
     parser.add_argument("--chunks", type=int, default=12, help="chunks of 512 tokens per text")
+    parser.add_argument("--proxy", action="store_true", help="also the perplexity on the built-in calibration corpus")
     args = parser.parse_args()
     torch.set_num_threads(1)
     files = resolve(None)
@@ -105,6 +106,8 @@ def main() -> None:
             return model(row[None], torch.arange(row.numel())[None], cache)[0]
 
     texts = {"heldout": chunks(sorted(HELDOUT_DIR.glob("*.txt"))), "gpl3": chunks([GPL3])}
+    if args.proxy:  # what a first run could judge a quantization by: the built-in calibration corpus itself
+        texts["builtin"] = chunks(builtin_files())
     before = logits(texts["heldout"][0])
     settings = first_run_settings(64, torch.device("cpu"))
     skip_down_scale = False
