@@ -3,15 +3,15 @@ once, fp head), on `assets/heldout` and GPL-3: how the README's "INT4 quality" r
 
     PYTHONPATH=<dir holding parley> python scripts/int4_variants.py VARIANT [--chunks 12]
 
-VARIANT joins with `+` any of: `base` (the shipped first-run method), `downscale` (an AWQ scale for down_proj
-too, as before issue 21's second round), `vrot[SEED]` (each attention head's values
-rotated by one orthogonal matrix, folded into v_proj's rows and o_proj's columns: an offline, exact change),
-`had<BLOCK>[sSEED]` (an online block-Hadamard on down_proj's input, folded into its columns; needs a runtime
-change, so measured here only; implies `nodownscale`), `nodownscale` (no AWQ scale for down_proj: with an
-online rotation in between, up_proj cannot absorb one), `rs<SEED>` (the residual rotation's seed). Prints one
-JSON line (perplexities with fp activations, and `*_act8` with every linear's input rounded to int8 in blocks
-as the native step rounds it; the quantization's CPU seconds; the fp logits' change from the variant's folds) and
-appends it to /tmp/int4_variants.jsonl. One thread, ~2-3 minutes of CPU per variant.
+VARIANT joins with `+` any of: `base` (the shipped first-run method), `downscale` (an AWQ scale for down_proj too,
+as before issue 21's second round), `vrot[SEED]` (each attention head's values rotated by one orthogonal matrix,
+folded into v_proj's rows and o_proj's columns: an offline, exact change), `had<BLOCK>[sSEED]` (an online block-
+Hadamard on down_proj's input, folded into its columns; needs a runtime change, so measured here only; implies
+`nodownscale`), `nodownscale` (no AWQ scale for down_proj: with an online rotation in between, up_proj cannot
+absorb one), `rs<SEED>` (the residual rotation's seed), `g<SIZE>` (the group size; 64 ships). Prints one JSON line
+(perplexities with fp activations, and `*_act8` with every linear's input rounded to int8 in blocks as the native
+step rounds it; the quantization's CPU seconds; the fp logits' change from the variant's folds) and appends it to
+/tmp/int4_variants.jsonl. One thread, ~2-3 minutes of CPU per variant.
 """
 
 from __future__ import annotations
@@ -122,6 +122,8 @@ def main() -> None:
             skip_down_scale = True
         elif part == "downscale":
             settings.scale_down = True
+        elif part.startswith("g") and part[1:].isdigit():
+            settings.group_size = int(part[1:])
         elif part.startswith("rs"):
             settings.rotation_seed = int(part[2:])
         elif part != "base":
