@@ -136,6 +136,10 @@ MUTANTS: list[Mutant] = [
            "_mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(b),"
            " _mm512_mul_ps(_mm512_set1_ps(a->d[blk]), s_16[c])), acc[c][r])",
            ("tests/test_native_step_batch_invariance.py",)),
+    Mutant("native-head-pair-tile-rounds-the-product-twice", "kernels/cpu_step.cpp",
+           "acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_set1_ps(a->d[blk]), acc[c][r]);",
+           "acc[c][r] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(b), _mm512_set1_ps(a->d[blk])), acc[c][r]);",
+           ("tests/test_native_step_batch_invariance.py",)),
     Mutant("native-norm-of-8-rows-sums-in-float", "kernels/cpu_step.cpp",
            "acc = _mm512_add_pd(acc, _mm512_mul_pd(c[j], c[j]));",
            "acc = _mm512_cvtps_pd(_mm512_cvtpd_ps(_mm512_add_pd(acc, _mm512_mul_pd(c[j], c[j]))));",
