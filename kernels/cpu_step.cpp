@@ -347,9 +347,12 @@ static inline int32_t load_i32(const int8_t* p) {
 
 #if PARLEY_VNNI
 // INT4 weights stream from memory once per pass: each vector loaded asks for the one this far ahead (the blocks
-// of a thread's columns are contiguous, so it runs on into the next block). +~14% at 8 rows on one thread; the
-// int8 head measured slower with it (0.81-1.00 ms -> 0.87-1.17 ms at 1 row), so it has none.
-constexpr int PREFETCH_BYTES = 2048;
+// of a thread's columns are contiguous, so it runs on into the next block). +~14% at 8 rows on one thread; 4 KB
+// rather than 2: a whole pass on one thread, the two interleaved in one process, 0.95x at 1 token and 0.97x at
+// 8 (gate/up at 1 token 0.86 -> 0.80 ms, the down projection at 8 0.94 -> 0.81; 8 and 16 KB no better). The
+// int8 head at 1 row measured slower with it (0.81-1.00 ms -> 0.87-1.17 ms; again in a pass, 0.75 -> 0.83), so
+// q8_block has none; its pair tiles (more arithmetic per byte) prefetch the next pair.
+constexpr int PREFETCH_BYTES = 4096;
 
 template <int R, int AB>
 static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y, int ldy) {
@@ -1686,6 +1689,51 @@ extern "C" double parley_vnni_peak_gmacs(int iters) {
     (void)iters;
     return 0.0;
 #endif
+}
+
+// The machine's read bandwidth as the step sees it: `threads` threads (0: the step's own count) each stream a
+// contiguous share of `bytes` (a buffer far past the caches) `reps` times, as the products stream their weight
+// columns; GB/s of the fastest rep, in wall time. What `parley bench decode` sets a decode step's bytes beside: a
+// probe must not under-read (torch's sum of a float buffer read 10-20% less than this on the 2-core EPYC), or
+// the step's share of it reads high.
+extern "C" double parley_read_gbs(const void* buf, size_t bytes, int reps, int threads) {
+    const int nt = threads > 0 ? threads : (g_threads > 0 ? g_threads : omp_get_max_threads());
+    const size_t lines = bytes / 64;
+    double best = 0.0;
+    uint64_t sink = 0;
+    for (int r = 0; r < reps; r++) {
+        timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+#pragma omp parallel num_threads(nt) reduction(^ : sink)
+        {
+            const int t = omp_get_thread_num(), n = omp_get_num_threads();
+            const uint8_t* p = (const uint8_t*)buf + lines * t / n * 64;
+            const uint8_t* end = (const uint8_t*)buf + lines * (t + 1) / n * 64;
+#if PARLEY_VNNI
+            __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                              _mm512_setzero_si512()};
+            for (; p + 256 <= end; p += 256)
+                for (int u = 0; u < 4; u++) acc[u] = _mm512_xor_si512(acc[u], _mm512_load_si512((const void*)(p + 64 * u)));
+            for (; p < end; p += 64) acc[0] = _mm512_xor_si512(acc[0], _mm512_load_si512((const void*)p));
+            acc[0] = _mm512_xor_si512(_mm512_xor_si512(acc[0], acc[1]), _mm512_xor_si512(acc[2], acc[3]));
+            sink ^= (uint64_t)_mm512_reduce_or_epi64(acc[0]);
+#else
+            uint64_t x = 0;
+            for (; p < end; p += 8) {
+                uint64_t v;
+                std::memcpy(&v, p, 8);
+                x ^= v;
+            }
+            sink ^= x;
+#endif
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        const double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        best = std::max(best, (double)(lines * 64) / dt / 1e9);
+    }
+    volatile uint64_t keep = sink;  // the reads are not dead
+    (void)keep;
+    return best;
 }
 
 // One product y [M][N] = x [M][K] W^T, for tests against an independent reference.
