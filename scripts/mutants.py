@@ -148,6 +148,10 @@ MUTANTS: list[Mutant] = [
            "_mm512_set1_ps(qsc[k0 + u])",
            "_mm512_set1_ps(qsc[u])",
            ("tests/test_native_step_batch_invariance.py",)),
+    Mutant("bench-decode-share-against-one-probe", "app/bench/decode.py",
+           "runs.append((rate, None if before is None else (before + probe()) / 2))",
+           "runs.append((rate, before))",
+           ("tests/test_bench_decode_share_per_run.py",)),
     # -- AWQ packing --
     Mutant("awq-pack-natural-order", "models/quantize/pack.py",
            "AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)\nMAX_INT",
