@@ -1527,9 +1527,9 @@ static void attend_nodes(const Cache* vc, const KV* vkv, int vh, int shift, int 
 // holding keys [max(b * ATT_BLOCK, first key), min((b + 1) * ATT_BLOCK, p + 1)). Work items are (kv head, key
 // block, up to 32 positions in turn, or one branch of a tree), so a block is read once for those positions; a
 // short pass with few items for the threads (an 8-token pass at depth 0: 3 kv heads x 1 block) splits its
-// positions into smaller groups, so that no thread waits at the end for the other's second item. A
-// partial depends only on its position (and, in a tree, the path to it), never on the pass or its group. Queries: head i of
-// position m at q + m * ldq + i * D. `tree`: null for a linear pass. Inside a parallel region.
+// positions into smaller groups, so that no thread waits at the end for the other's second item. A partial
+// depends only on its position (and, in a tree, the path to it), never on the pass or its group. Queries: head
+// i of position m at q + m * ldq + i * D. `tree`: null for a linear pass. Inside a parallel region.
 static void attend_blocks(const Cache* c, const KV* kv, int M, const int64_t* positions, int H, int KVH, int D,
                           int window, const float* q, int ldq, float scale, int nblk, float* parts, float* scores,
                           const Tree* tree = nullptr) {
