@@ -1696,8 +1696,8 @@ extern "C" double parley_vnni_peak_gmacs(int iters) {
 // readers `parley bench decode` sets a decode step's bytes beside (the other is torch's sum; it keeps the
 // better, so that the probe does not under-read and the step's share read high). Each thread reads its share
 // as 4 interleaved sub-streams: on the 2-core EPYC one stream a thread read 0.97x torch's sum (median of 20
-// interleaved pairs, 2 threads), 4 read 1.08x. (The products keep one stream a thread: 2 or 4 measured 3-17%
-// slower in a pass, as did a dynamic schedule.)
+// interleaved pairs, 2 threads), 4 read 1.08x. (The products keep one stream a thread: 2 or 4 measured
+// 1.03-1.38x slower in a pass, a dynamic schedule 1.07-1.28x.)
 extern "C" double parley_read_gbs(const void* buf, size_t bytes, int reps, int threads) {
     const int nt = threads > 0 ? threads : (g_threads > 0 ? g_threads : omp_get_max_threads());
     const size_t lines = bytes / 64;
