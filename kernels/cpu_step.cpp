@@ -12,11 +12,12 @@
 // loaded weights; they never reorder a position's arithmetic. So a position's logits are bitwise the same
 // in a decode pass, a verification pass or a prefill chunk. Build with -ffp-contract=off.
 //
-// Sections: small helpers; activation quantization (int8 per 64 or 32 inputs); the products (INT4 / int8-head
-// tiles of 1..8 positions x 16 columns, INT4 pair tiles of 4 positions x 32 columns, portable loops, `linear`);
-// the KV cache (writes in stored form, attention in 256-key blocks with an optional per-layer sliding window,
-// head_dim up to 256 on the vector paths); the entry points (`parley_forward`, and `parley_linear` /
-// `parley_attention` for tests against independent references).
+// Sections: an optional per-phase timer (-DPARLEY_PROFILE builds only); small helpers; activation quantization
+// (int8 per 64 or 32 inputs); the products (INT4 / int8-head tiles of 1..8 positions x 16 columns, INT4 and
+// int8-head pair tiles of 4 or 8 positions x 32 columns, portable loops, `linear`); the KV cache (writes in
+// stored form, attention in 256-key blocks with an optional per-layer sliding window, head_dim up to 256 on the
+// vector paths); the entry points (`parley_forward`, `parley_linear` / `parley_attention` for tests against
+// independent references, and `parley_read_gbs`, the bandwidth probe of `parley bench decode`).
 #include <algorithm>
 #include <type_traits>
 #include <cmath>
