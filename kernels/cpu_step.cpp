@@ -12,11 +12,12 @@
 // loaded weights; they never reorder a position's arithmetic. So a position's logits are bitwise the same
 // in a decode pass, a verification pass or a prefill chunk. Build with -ffp-contract=off.
 //
-// Sections: small helpers; activation quantization (int8 per 64 or 32 inputs); the products (INT4 / int8-head
-// tiles of 1..8 positions x 16 columns, INT4 pair tiles of 4 positions x 32 columns, portable loops, `linear`);
-// the KV cache (writes in stored form, attention in 256-key blocks with an optional per-layer sliding window,
-// head_dim up to 256 on the vector paths); the entry points (`parley_forward`, and `parley_linear` /
-// `parley_attention` for tests against independent references).
+// Sections: an optional per-phase timer (-DPARLEY_PROFILE builds only); small helpers; activation quantization
+// (int8 per 64 or 32 inputs); the products (INT4 / int8-head tiles of 1..8 positions x 16 columns, INT4 and
+// int8-head pair tiles of 4 or 8 positions x 32 columns, portable loops, `linear`); the KV cache (writes in
+// stored form, attention in 256-key blocks with an optional per-layer sliding window, head_dim up to 256 on the
+// vector paths); the entry points (`parley_forward`, `parley_linear` / `parley_attention` for tests against
+// independent references, and `parley_read_gbs`, the bandwidth probe of `parley bench decode`).
 #include <algorithm>
 #include <type_traits>
 #include <cmath>
@@ -30,6 +31,38 @@
 #define PARLEY_VNNI 1
 #else
 #define PARLEY_VNNI 0
+#endif
+
+// Optional per-phase timer, for finding where a pass's threads wait (build with PARLEY_NATIVE_FLAGS=-DPARLEY_PROFILE;
+// never in the shipped build, where both macros below are empty). Each `omp for` of a pass then drops its
+// implicit barrier (PARLEY_NOWAIT) and the phase ends in `prof_phase`: the thread's time since its previous
+// phase ended counts as that phase's work, its time in the barrier as its wait. `parley_profile` reads and
+// resets the sums (seconds per thread and phase; app/bench/passes.py --profile prints them).
+enum { PH_NORM, PH_QKV, PH_ROPE, PH_ATTEND, PH_MERGE, PH_O, PH_NORM2, PH_GATE_UP, PH_SILU, PH_DOWN, PH_POST,
+       PH_HEAD_QUANT, PH_HEAD, PH_COUNT };
+#ifdef PARLEY_PROFILE
+#define PARLEY_NOWAIT nowait
+constexpr int PROF_THREADS = 16;
+static double g_prof[PROF_THREADS][PH_COUNT][2];  // [thread][phase]: work, wait (seconds)
+static thread_local double t_prof_last;
+static inline double prof_now() {
+    timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+static inline void prof_start() { t_prof_last = prof_now(); }
+static inline void prof_phase(int ph) {
+    const double t0 = prof_now();
+#pragma omp barrier
+    const double t1 = prof_now();
+    const int th = omp_get_thread_num();
+    if (th < PROF_THREADS) g_prof[th][ph][0] += t0 - t_prof_last, g_prof[th][ph][1] += t1 - t0;
+    t_prof_last = t1;
+}
+#else
+#define PARLEY_NOWAIT
+static inline void prof_start() {}
+static inline void prof_phase(int) {}
 #endif
 
 enum { W_Q4 = 0, W_F32 = 1, W_Q8 = 2 };
@@ -288,7 +321,7 @@ static void quantize_row(const float* x, int K, int bs, const Act* a, int m) {
 
 // Called inside a parallel region (an orphaned `omp for`: the threads split the rows, then meet).
 static void quantize_acts(const float* x, int M, int K, int bs, const Act* a) {
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) PARLEY_NOWAIT
     for (int m = 0; m < M; m++) quantize_row(x + (size_t)m * K, K, bs, a, m);
 }
 
@@ -315,9 +348,12 @@ static inline int32_t load_i32(const int8_t* p) {
 
 #if PARLEY_VNNI
 // INT4 weights stream from memory once per pass: each vector loaded asks for the one this far ahead (the blocks
-// of a thread's columns are contiguous, so it runs on into the next block). +~14% at 8 rows on one thread; the
-// int8 head measured slower with it (0.81-1.00 ms -> 0.87-1.17 ms at 1 row), so it has none.
-constexpr int PREFETCH_BYTES = 2048;
+// of a thread's columns are contiguous, so it runs on into the next block). +~14% at 8 rows on one thread; 4 KB
+// rather than 2: a whole pass on one thread, the two interleaved in one process, 0.95x at 1 token and 0.97x at
+// 8 (gate/up at 1 token 0.86 -> 0.80 ms, the down projection at 8 0.94 -> 0.81; 8 and 16 KB no better). The
+// int8 head at 1 row measured slower with it (0.81-1.00 ms -> 0.87-1.17 ms; again in a pass, 0.75 -> 0.83), so
+// q8_block has none; its pair tiles (more arithmetic per byte) prefetch the next pair.
+constexpr int PREFETCH_BYTES = 4096;
 
 template <int R, int AB>
 static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y, int ldy) {
@@ -399,14 +435,14 @@ static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y
 // Two column blocks x 4 positions (blocks of 64 inputs): each broadcast activation feeds two `vpdpbusd`, one
 // per block. Why: on this core (Zen 5) a broadcast from memory costs nearly what a `vpdpbusd` does, so one block
 // at a time (a broadcast per `vpdpbusd`) runs well short of the peak; a /tmp loop of 12 chains measured
-// 350-390 GMAC/s register-only, 245-290 with a broadcast per instruction, 290-310 with one per two. 4
-// positions, not 8: the tile's 8 int32 and 8 float sums, 4 unpacked weight vectors and 2 broadcasts stay in
-// registers (2 x 8 positions spilled every float sum to the stack each chunk and ran 5-20% slower than one
-// block at 512 rows). Each (position, column) sums the same exact int32 per 64 inputs and meets its scale in
+// 350-390 GMAC/s register-only, 245-290 with a broadcast per instruction, 290-310 with one per two. R = 4
+// positions for a prefill: the tile's 8 int32 and 8 float sums, 4 unpacked weight vectors and 2 broadcasts stay
+// in registers (2 x 8 positions spilled every float sum to the stack each chunk and ran 5-20% slower than one
+// block at 512 rows); R = 8 for short passes, where the weights stream from memory (see quant_block). Each (position, column) sums the same exact int32 per 64 inputs and meets its scale in
 // the same float operations, in input order: the same bits as `q4_block`. The down projection (blocks of 32)
 // measured slower paired (0.92-0.95x at 512 rows) and stays on `q4_block`.
+template <int R>
 static inline void q4_pair(const Lin* L, int nb, const Act* a, int m0, float* y, int ldy) {
-    constexpr int R = 4;
     const int K = L->K, nc = K / 64, G = L->group, ng = K / G, cpg = G / 64;
     const uint8_t* wq = L->q + (size_t)nb * nc * 512;  // block nb + 1 follows at + nc * 512
     const uint16_t* S = L->s16 + (size_t)nb * ng * 16;  // and its scales / zero points at + ng * 16
@@ -508,6 +544,59 @@ static inline void q8_block(const Lin* L, int nb, const Act* a, int m0, float* y
     }
 }
 
+// The int8 head in pair tiles: two column blocks x R (4 or 8) positions, each broadcast activation word feeding
+// one `vpdpbusd` per block (the reason, as for q4_pair: a broadcast costs nearly what a `vpdpbusd` does on this
+// core). Per (position, column) the same exact int32 sum per 32 inputs, the same `- 128 x` correction and the
+// same float multiply-add in input order as q8_block: the same bits. Why: at 8 rows q8_block issued one
+// broadcast per `vpdpbusd` and the head of an 8-token pass ran at ~155 GMAC/s a core, a quarter of its time.
+template <int R>
+static inline void q8_pair(const Lin* L, int nb, const Act* a, int m0, float* y, int ldy) {
+    const int K = L->K, nc = K / 64;
+    const uint8_t* wq = L->q + (size_t)nb * nc * 1024;  // block nb + 1 follows at + nc * 1024
+    __m512 acc[2][R];
+    for (int c = 0; c < 2; c++)
+        for (int r = 0; r < R; r++) acc[c][r] = _mm512_setzero_ps();
+    for (int ci = 0; ci < nc; ci++) {
+        const uint8_t* w0 = wq + (size_t)ci * 1024;
+        const uint8_t* w1 = w0 + (size_t)nc * 1024;
+        for (int half = 0; half < 2; half++) {
+            __m512i ib[2][R];
+            for (int c = 0; c < 2; c++)
+                for (int r = 0; r < R; r++) ib[c][r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                // the same place in the next pair (the thread's next work item), as q4_pair: in a pass the head
+                // streams from memory, and without this the pair's two streams left the tile waiting on them
+                _mm_prefetch((const char*)(w0 + 2 * nc * 1024 + (half * 8 + t) * 64), _MM_HINT_T0);
+                _mm_prefetch((const char*)(w1 + 2 * nc * 1024 + (half * 8 + t) * 64), _MM_HINT_T0);
+                const __m512i v0 = _mm512_loadu_si512((const void*)(w0 + (half * 8 + t) * 64));
+                const __m512i v1 = _mm512_loadu_si512((const void*)(w1 + (half * 8 + t) * 64));
+                for (int r = 0; r < R; r++) {
+                    const __m512i x = _mm512_set1_epi32(load_i32(a->q + (size_t)(m0 + r) * K + ci * 64 + half * 32 + 4 * t));
+                    ib[0][r] = _mm512_dpbusd_epi32(ib[0][r], v0, x);
+                    ib[1][r] = _mm512_dpbusd_epi32(ib[1][r], v1, x);
+                }
+            }
+            for (int c = 0; c < 2; c++)
+                for (int r = 0; r < R; r++) {  // as q8_block
+                    const size_t blk = (size_t)(m0 + r) * (K / 32) + 2 * ci + half;
+                    const __m512i b = _mm512_sub_epi32(ib[c][r], _mm512_set1_epi32(128 * a->xs[blk]));
+                    acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_set1_ps(a->d[blk]), acc[c][r]);
+                }
+        }
+    }
+    for (int c = 0; c < 2; c++) {
+        const int n0 = (nb + c) * 16, cnt = L->N - n0 < 16 ? L->N - n0 : 16;
+        const __mmask16 mask = (__mmask16)((1u << cnt) - 1);
+        const __m512 s = _mm512_maskz_loadu_ps(mask, L->s + n0);
+        for (int r = 0; r < R; r++) {
+            __m512 v = _mm512_mul_ps(acc[c][r], s);
+            if (L->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, L->bias + n0));
+            _mm512_mask_storeu_ps(y + (size_t)(m0 + r) * ldy + n0, mask, v);
+        }
+    }
+}
+
 template <int R, int C>
 static inline void f32_tile(const Lin* L, int n0, const float* x, int m0, float* y, int ldy) {
     const int K = L->K;
@@ -584,15 +673,27 @@ static void f32_col_scalar(const Lin* L, int n, const float* x, int m, float* y,
 }
 
 #if PARLEY_VNNI
-// Column blocks nb .. nb + nblocks - 1 (1 or 2) of positions m0 .. m0 + R - 1: INT4 with blocks of 64 in pair
-// tiles of 4 positions (q4_pair), what is left (1-3 positions, a lone last block, the down projection, the
-// int8 head) a block at a time.
-template <int R>
+// Column blocks nb .. nb + nblocks - 1 (1 or 2) of positions m0 .. m0 + R - 1: INT4 with blocks of 64 and the
+// int8 head in pair tiles (q4_pair, q8_pair) of 4 positions, or of 8 when WIDE; what is left (1-3 positions, a
+// lone last block, the down projection) a block at a time.
+//
+// WIDE (passes of up to WIDE_PASS positions: decode verification): in a pass the weights stream from memory,
+// and a pair tile of 4 positions read each pair from memory for positions 0-3 (waiting on it, with half the
+// arithmetic to hide the wait) and again from L1 for 4-7 (no memory traffic to overlap). 8 positions per
+// tile keep 16 float sums on the stack (a store and a reload each per 64 inputs) but read each vector once:
+// one thread, an 8-token pass at depth 0, the previous build and this one interleaved in one process: the int8
+// head 1.83 -> 1.33 ms, the INT4 products 4.33 -> 4.05 ms. A prefill keeps 4: with 512 rows the 8-position
+// tile measured up to 13% slower on gate/up (the README's "pair tiles" bullet).
+constexpr int WIDE_PASS = 32;
+
+template <int R, bool WIDE = false>
 static inline void quant_block(const Lin* L, int nb, int nblocks, const Act* a, int m0, float* y) {
     if constexpr (R >= 4) {
-        if (L->kind == W_Q4 && lin_block(L) == 64 && nblocks == 2) {
-            q4_pair(L, nb, a, m0, y, L->N);
-            if constexpr (R > 4) quant_block<R - 4>(L, nb, nblocks, a, m0 + 4, y);
+        if (nblocks == 2 && (L->kind == W_Q8 || lin_block(L) == 64)) {
+            constexpr int RP = WIDE && R == 8 ? 8 : 4;
+            if (L->kind == W_Q8) q8_pair<RP>(L, nb, a, m0, y, L->N);
+            else q4_pair<RP>(L, nb, a, m0, y, L->N);
+            if constexpr (R > RP) quant_block<R - RP>(L, nb, nblocks, a, m0 + RP, y);
             return;
         }
     }
@@ -606,17 +707,18 @@ static inline void quant_block(const Lin* L, int nb, int nblocks, const Act* a, 
 }
 #endif
 
+
 // y [M][N] = x [M][K] W^T. `a` holds x quantized (Q4/Q8); `x` is read by F32. Inside a parallel region.
 static void linear(const Lin* L, int M, const float* x, const Act* a, float* y) {
     const int N = L->N;
 #if PARLEY_VNNI
     if (L->kind != W_F32) {
-        // Work items: (chunk of up to 64 positions, cw 16-column blocks: two for INT4 in blocks of 64, see
-        // q4_pair), chunk-major, so that a long pass (prefill) keeps one chunk's activations in L2 while each
+        // Work items: (chunk of up to 64 positions, cw 16-column blocks: two for INT4 in blocks of 64 and the
+        // int8 head, see q4_pair), chunk-major, so that a long pass (prefill) keeps one chunk's activations in L2 while each
         // thread's weight blocks cycle, instead of streaming all its positions' activations again for every block.
-        const int cw = L->kind == W_Q4 && lin_block(L) == 64 ? 2 : 1;
+        const int cw = L->kind == W_Q8 || lin_block(L) == 64 ? 2 : 1;
         const int nbs = (N + 15) / 16, nmc = (M + 63) / 64, nun = (nbs + cw - 1) / cw;
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) PARLEY_NOWAIT
         for (int t = 0; t < nmc * nun; t++) {
             const int nb = t % nun * cw, nbl = std::min(cw, nbs - nb), m1 = std::min(M, (t / nun + 1) * 64);
             for (int m = t / nun * 64; m < m1; m += 8) {  // tiles of up to 8 positions share each weight vector
@@ -628,7 +730,10 @@ static void linear(const Lin* L, int M, const float* x, const Act* a, float* y) 
                 case 5: quant_block<5>(L, nb, nbl, a, m, y); break;
                 case 6: quant_block<6>(L, nb, nbl, a, m, y); break;
                 case 7: quant_block<7>(L, nb, nbl, a, m, y); break;
-                default: quant_block<8>(L, nb, nbl, a, m, y); break;
+                default:
+                    if (M <= WIDE_PASS) quant_block<8, true>(L, nb, nbl, a, m, y);
+                    else quant_block<8>(L, nb, nbl, a, m, y);
+                    break;
                 }
             }
         }
@@ -636,7 +741,7 @@ static void linear(const Lin* L, int M, const float* x, const Act* a, float* y) 
     }
     const int C = 4;
     const int ntiles = (N + C - 1) / C;
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) PARLEY_NOWAIT
     for (int t = 0; t < ntiles; t++) {
         const int n0 = t * C;
         if (n0 + C > N) {  // ragged last columns: one at a time, the same arithmetic per column
@@ -649,7 +754,7 @@ static void linear(const Lin* L, int M, const float* x, const Act* a, float* y) 
         for (; m < M; m++) f32_tile<1, 4>(L, n0, x, m, y, N);
     }
 #else
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) PARLEY_NOWAIT
     for (int n = 0; n < N; n++)
         for (int m = 0; m < M; m++) {
             if (L->kind == W_Q4) q4_col_scalar(L, n, a, m, y, N);
@@ -1421,20 +1526,25 @@ static void attend_nodes(const Cache* vc, const KV* vkv, int vh, int shift, int 
 
 // Every (kv head, key block, position) partial of a pass: parts [M][KVH][nblk][G][D + 2], slot b of position m
 // holding keys [max(b * ATT_BLOCK, first key), min((b + 1) * ATT_BLOCK, p + 1)). Work items are (kv head, key
-// block, up to 32 positions in turn, or one branch of a tree), so a block is read once for those positions. A
-// partial depends only on its position (and, in a tree, the path to it), never on the pass. Queries: head i of
-// position m at q + m * ldq + i * D. `tree`: null for a linear pass. Inside a parallel region.
+// block, up to 32 positions in turn, or one branch of a tree), so a block is read once for those positions; a
+// short pass with few items for the threads (an 8-token pass at depth 0: 3 kv heads x 1 block) splits its
+// positions into smaller groups, so that no thread waits at the end for the other's second item. A partial
+// depends only on its position (and, in a tree, the path to it), never on the pass or its group. Queries: head
+// i of position m at q + m * ldq + i * D. `tree`: null for a linear pass. Inside a parallel region.
 static void attend_blocks(const Cache* c, const KV* kv, int M, const int64_t* positions, int H, int KVH, int D,
                           int window, const float* q, int ldq, float scale, int nblk, float* parts, float* scores,
                           const Tree* tree = nullptr) {
-    const int G = H / KVH, mgroups = (M + 31) / 32, ngroups = mgroups + (tree ? tree->ngroups : 0);
-#pragma omp for schedule(dynamic, 1)
+    const int G = H / KVH, nt = omp_get_num_threads();
+    const int split = KVH * nblk >= 2 * nt ? 1 : (2 * nt + KVH * nblk - 1) / (KVH * nblk);  // groups wanted
+    const int gs = std::min(32, std::max((M + split - 1) / split, 1)), mgroups = (M + gs - 1) / gs;
+    const int ngroups = mgroups + (tree ? tree->ngroups : 0);
+#pragma omp for schedule(dynamic, 1) PARLEY_NOWAIT
     for (int t = 0; t < KVH * nblk * ngroups; t++) {
         const int h = t / (nblk * ngroups), b = t / ngroups % nblk, g = t % ngroups;
         float* s = scores + (size_t)omp_get_thread_num() * ATT_SCORES * ATT_BLOCK;
         int ms[32], nm = 0;
         if (g < mgroups) {  // positions in turn (a tree's chain nodes)
-            for (int m = g * 32; m < std::min(M, g * 32 + 32); m++)
+            for (int m = g * gs; m < std::min(M, g * gs + gs); m++)
                 if (!tree || tree->group[m] < 0) ms[nm++] = m;
             attend_nodes(c, kv, h, 0, h, b, ms, nm, positions, KVH, D, G, window, q, ldq, scale, nblk, parts, s);
             continue;
@@ -1542,6 +1652,19 @@ extern "C" int parley_threads(int n) {
 
 extern "C" int parley_has_vnni(void) { return PARLEY_VNNI; }
 
+// The profile build's sums into out [threads][PH_COUNT][2] (work, wait; seconds), then zeroed; -1 elsewhere.
+extern "C" int parley_profile(double* out, int threads) {
+#ifdef PARLEY_PROFILE
+    for (int t = 0; t < threads && t < PROF_THREADS; t++)
+        for (int p = 0; p < PH_COUNT; p++)
+            for (int k = 0; k < 2; k++) out[((size_t)t * PH_COUNT + p) * 2 + k] = g_prof[t][p][k], g_prof[t][p][k] = 0;
+    return PH_COUNT;
+#else
+    (void)out, (void)threads;
+    return -1;
+#endif
+}
+
 // The core's int8 multiply-add peak (one thread): `iters` rounds of 12 independent vpdpbusd chains (64 MACs
 // each), in GMAC/s of this thread's CPU time (a busy machine's preemptions do not count). What `parley bench
 // passes` sets the products' speed beside. 0 without VNNI. 12, not 16: GCC 12 kept one of 16 accumulators on
@@ -1569,6 +1692,56 @@ extern "C" double parley_vnni_peak_gmacs(int iters) {
 #endif
 }
 
+// The machine's read bandwidth: `threads` threads (0: the step's own count) each read a contiguous share of
+// `bytes` (a buffer far past the caches), `reps` times; GB/s of the fastest rep, in wall time. One of the two
+// readers `parley bench decode` sets a decode step's bytes beside (the other is torch's sum; it keeps the
+// better, so that the probe does not under-read and the step's share read high). Each thread reads its share
+// as 4 interleaved sub-streams: on the 2-core EPYC one stream a thread read 0.97x torch's sum (median of 20
+// interleaved pairs, 2 threads), 4 read 1.08x. (The products keep one stream a thread: 2 or 4 measured
+// 1.03-1.38x slower in a pass, a dynamic schedule 1.07-1.28x.)
+extern "C" double parley_read_gbs(const void* buf, size_t bytes, int reps, int threads) {
+    const int nt = threads > 0 ? threads : (g_threads > 0 ? g_threads : omp_get_max_threads());
+    const size_t lines = bytes / 64;
+    double best = 0.0;
+    uint64_t sink = 0;
+    for (int r = 0; r < reps; r++) {
+        timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+#pragma omp parallel num_threads(nt) reduction(^ : sink)
+        {
+            const int t = omp_get_thread_num(), n = omp_get_num_threads();
+            const uint8_t* p = (const uint8_t*)buf + lines * t / n * 64;
+            const uint8_t* end = (const uint8_t*)buf + lines * (t + 1) / n * 64;
+#if PARLEY_VNNI
+            __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                              _mm512_setzero_si512()};
+            const size_t q = (size_t)(end - p) / 4 / 64 * 64;  // 4 sub-streams a thread: see above
+            for (size_t i = 0; i < q; i += 64)
+                for (int u = 0; u < 4; u++)
+                    acc[u] = _mm512_xor_si512(acc[u], _mm512_load_si512((const void*)(p + u * q + i)));
+            p += 4 * q;
+            for (; p < end; p += 64) acc[0] = _mm512_xor_si512(acc[0], _mm512_load_si512((const void*)p));
+            acc[0] = _mm512_xor_si512(_mm512_xor_si512(acc[0], acc[1]), _mm512_xor_si512(acc[2], acc[3]));
+            sink ^= (uint64_t)_mm512_reduce_or_epi64(acc[0]);
+#else
+            uint64_t x = 0;
+            for (; p < end; p += 8) {
+                uint64_t v;
+                std::memcpy(&v, p, 8);
+                x ^= v;
+            }
+            sink ^= x;
+#endif
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        const double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        best = std::max(best, (double)(lines * 64) / dt / 1e9);
+    }
+    volatile uint64_t keep = sink;  // the reads are not dead
+    (void)keep;
+    return best;
+}
+
 // One product y [M][N] = x [M][K] W^T, for tests against an independent reference.
 extern "C" int parley_linear(const Lin* L, int M, const float* x, float* y) {
     if (L->K % 64) return -1;
@@ -1576,8 +1749,11 @@ extern "C" int parley_linear(const Lin* L, int M, const float* x, float* y) {
     Act a = new_act(M, L->K);
 #pragma omp parallel
     {
+        prof_start();
         if (L->kind != W_F32) quantize_acts(x, M, L->K, lin_block(L), &a);
+        prof_phase(PH_HEAD_QUANT);
         linear(L, M, x, &a, y);
+        prof_phase(PH_HEAD);
     }
     free_act(&a);
     return 0;
@@ -1607,6 +1783,7 @@ extern "C" int parley_attention(const Cache* cache, int layer, int M, const int6
             for (int h = 0; h < KVH; h++)
                 kv_write(cache, kv, h, (int)positions[m], D, k + ((size_t)m * KVH + h) * D, v + ((size_t)m * KVH + h) * D);
         attend_blocks(cache, kv, M, positions, H, KVH, D, window, q, H * D, scale, nblk, parts, scores);
+        prof_phase(PH_ATTEND);
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++)
             attend_merge(KVH, G, D, window, (int)positions[m], nblk, parts + (size_t)m * KVH * nblk * part_stride,
@@ -1706,19 +1883,25 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
     // threads and ends at the barrier of its `omp for`.
 #pragma omp parallel
     for (int l = 0; l < md->n_layers; l++) {
+        if (l == 0) prof_start();
+        // Rows normed together: 8 (rmsnorm_rows' vector path), but a short pass's rows split over the threads
+        // (8 rows on one thread left the other waiting ~2 us a norm, 60 norms a pass); the same bits either way.
+        const int nrn = std::min(8, std::max(1, (M + omp_get_num_threads() - 1) / omp_get_num_threads()));
         const Layer* L = md->layers + l;
         const KV* kv = cache->layers + l;
-#pragma omp for schedule(static)
-        for (int m0 = 0; m0 < M; m0 += 8) {  // (the previous layer's residual) + norm + activation quantization
-            const int nr = std::min(8, M - m0);  // rows normed together (rmsnorm_rows)
+#pragma omp for schedule(static) PARLEY_NOWAIT
+        for (int m0 = 0; m0 < M; m0 += nrn) {  // (the previous layer's residual) + norm + activation quantization
+            const int nr = std::min(nrn, M - m0);  // rows normed together (rmsnorm_rows)
             if (l > 0)
                 for (int i = 0; i < nr * dim; i++) x[(size_t)m0 * dim + i] += tmp[(size_t)m0 * dim + i];
             rmsnorm_rows(x + (size_t)m0 * dim, L->attn_norm, xn + (size_t)m0 * dim, nr, dim, md->eps);
             if (L->qkv.kind != W_F32)
                 for (int m = m0; m < m0 + nr; m++) quantize_row(xn + (size_t)m * dim, dim, lin_block(&L->qkv), &a, m);
         }
+        prof_phase(PH_NORM);
         linear(&L->qkv, M, xn, &a, qkv);
-#pragma omp for schedule(static)
+        prof_phase(PH_QKV);
+#pragma omp for schedule(static) PARLEY_NOWAIT
         for (int m = 0; m < M; m++) {  // q/k norm (qwen3), rotary, then the new K/V into the cache
             float* row = qkv + (size_t)m * QKV;
             const int p = (int)positions[m];
@@ -1733,18 +1916,22 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
             for (int h = 0; h < KVH; h++)
                 kv_write(cache, kv, h, slot, D, row + (H + h) * D, row + (H + KVH + h) * D);
         }
+        prof_phase(PH_ROPE);
         attend_blocks(cache, kv, M, positions, H, KVH, D, L->window, qkv, QKV, scale, nblk, parts, att_scores,
                       parents ? &tree : nullptr);
-#pragma omp for schedule(static)
+        prof_phase(PH_ATTEND);
+#pragma omp for schedule(static) PARLEY_NOWAIT
         for (int m = 0; m < M; m++) {  // merge the blocks, then quantize for the output projection
             attend_merge(KVH, G, D, L->window, (int)positions[m], nblk, parts + (size_t)m * KVH * nblk * part_stride,
                          att + (size_t)m * H * D);
             if (L->o.kind != W_F32) quantize_row(att + (size_t)m * H * D, H * D, lin_block(&L->o), &a, m);
         }
+        prof_phase(PH_MERGE);
         linear(&L->o, M, att, &a, tmp);
-#pragma omp for schedule(static)
-        for (int m0 = 0; m0 < M; m0 += 8) {
-            const int nr = std::min(8, M - m0);
+        prof_phase(PH_O);
+#pragma omp for schedule(static) PARLEY_NOWAIT
+        for (int m0 = 0; m0 < M; m0 += nrn) {
+            const int nr = std::min(nrn, M - m0);
             float* t = tmp + (size_t)m0 * dim;
             if (L->post_attn_norm) rmsnorm_rows(t, L->post_attn_norm, t, nr, dim, md->eps);
             for (int i = 0; i < nr * dim; i++) x[(size_t)m0 * dim + i] += t[i];
@@ -1752,20 +1939,25 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
             if (L->gate_up.kind != W_F32)
                 for (int m = m0; m < m0 + nr; m++) quantize_row(xn + (size_t)m * dim, dim, lin_block(&L->gate_up), &a, m);
         }
+        prof_phase(PH_NORM2);
         linear(&L->gate_up, M, xn, &a, gu);
-#pragma omp for schedule(static)
+        prof_phase(PH_GATE_UP);
+#pragma omp for schedule(static) PARLEY_NOWAIT
         for (int m = 0; m < M; m++) {  // SiLU(gate) * up (or GeGLU), undoing the 16-column interleave, then quantized
             if (md->act == 1) gelu_mul_row(gu + (size_t)m * 2 * I, I, xn + (size_t)m * I);
             else silu_mul_row(gu + (size_t)m * 2 * I, I, xn + (size_t)m * I);
             if (L->down.kind != W_F32)
                 quantize_row(xn + (size_t)m * I, I, lin_block(&L->down), &a, m);
         }
+        prof_phase(PH_SILU);
         linear(&L->down, M, xn, &a, tmp);
+        prof_phase(PH_DOWN);
         if (L->post_ffn_norm) {
-#pragma omp for schedule(static)
-            for (int m0 = 0; m0 < M; m0 += 8)
-                rmsnorm_rows(tmp + (size_t)m0 * dim, L->post_ffn_norm, tmp + (size_t)m0 * dim, std::min(8, M - m0), dim,
-                             md->eps);
+#pragma omp for schedule(static) PARLEY_NOWAIT
+            for (int m0 = 0; m0 < M; m0 += nrn)
+                rmsnorm_rows(tmp + (size_t)m0 * dim, L->post_ffn_norm, tmp + (size_t)m0 * dim, std::min(nrn, M - m0),
+                             dim, md->eps);
+            prof_phase(PH_POST);
         }
     }
     for (int m = first; m < M; m++) {
@@ -1775,9 +1967,12 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
     }
 #pragma omp parallel
     {
+        prof_start();
         if (md->head.kind != W_F32)
             quantize_acts(xn, rows, dim, lin_block(&md->head), &a);
+        prof_phase(PH_HEAD_QUANT);
         linear(&md->head, rows, xn, &a, logits);
+        prof_phase(PH_HEAD);
     }
     std::free(x); std::free(xn); std::free(qkv); std::free(att); std::free(gu); std::free(tmp);
     free_act(&a);

@@ -173,6 +173,10 @@ def load() -> ctypes.CDLL | None:
         lib.parley_linear.argtypes = [ctypes.POINTER(Lin), ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
         lib.parley_vnni_peak_gmacs.restype = ctypes.c_double
         lib.parley_vnni_peak_gmacs.argtypes = [ctypes.c_int]
+        lib.parley_profile.restype = ctypes.c_int
+        lib.parley_profile.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        lib.parley_read_gbs.restype = ctypes.c_double
+        lib.parley_read_gbs.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
         lib.parley_attention.restype = ctypes.c_int
         lib.parley_attention.argtypes = [ctypes.POINTER(Cache), ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                          ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,

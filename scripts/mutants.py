@@ -148,6 +148,10 @@ MUTANTS: list[Mutant] = [
            "_mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(b),"
            " _mm512_mul_ps(_mm512_set1_ps(a->d[blk]), s_16[c])), acc[c][r])",
            ("tests/test_native_step_batch_invariance.py",)),
+    Mutant("native-head-pair-tile-rounds-the-product-twice", "kernels/cpu_step.cpp",
+           "acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_set1_ps(a->d[blk]), acc[c][r]);",
+           "acc[c][r] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(b), _mm512_set1_ps(a->d[blk])), acc[c][r]);",
+           ("tests/test_native_step_batch_invariance.py",)),
     Mutant("native-norm-of-8-rows-sums-in-float", "kernels/cpu_step.cpp",
            "acc = _mm512_add_pd(acc, _mm512_mul_pd(c[j], c[j]));",
            "acc = _mm512_cvtps_pd(_mm512_cvtpd_ps(_mm512_add_pd(acc, _mm512_mul_pd(c[j], c[j]))));",
@@ -156,6 +160,10 @@ MUTANTS: list[Mutant] = [
            "_mm512_set1_ps(qsc[k0 + u])",
            "_mm512_set1_ps(qsc[u])",
            ("tests/test_native_step_batch_invariance.py",)),
+    Mutant("bench-decode-share-against-one-probe", "app/bench/decode.py",
+           "runs.append((rate, None if before is None else (before + probe()) / 2))",
+           "runs.append((rate, before))",
+           ("tests/test_bench_decode_share_per_run.py",)),
     # -- AWQ packing --
     Mutant("awq-pack-natural-order", "models/quantize/pack.py",
            "AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)\nMAX_INT",

@@ -1,11 +1,13 @@
 """Decode and prefill speed against the machine's own limit: bytes read per token, GB/s and share of bandwidth.
 
-One run measures the machine's read bandwidth (at its start and end, keeping the better), then each engine
-variant (weights × KV cache type × path): prefill tokens/s, decode tokens/s at each requested depth, the
-bytes a decode token reads (weights + the KV cache actually attended), the GB/s that implies and its share
-of the measured bandwidth. Optional: the same decode with N busy-loop processes beside it
-(`--background-load`), and peak RSS at a long context per cache type (each in its own process, since peak
-RSS only grows).
+For each engine variant (weights × KV cache type × path): prefill tokens/s, decode tokens/s at each requested
+depth, the bytes a decode token reads (weights + the KV cache actually attended), the GB/s that implies and its
+share of the machine's read bandwidth. The bandwidth is measured between the decode runs (probe, decode, probe,
+...: this host's swung 33-58 GB/s from minute to minute, so a probe at the start and end of a run set each run
+beside a bandwidth it did not have), each run's share against the mean of the two probes around it, and the
+median share reported; the probe keeps the better of torch's sum and the native library's streaming read.
+Optional: the same decode with N busy-loop processes beside it (`--background-load`), and peak RSS at a long
+context per cache type (each in its own process, since peak RSS only grows).
 """
 
 from __future__ import annotations
@@ -61,17 +63,36 @@ def _median(xs: list[float]) -> float:
     return sorted(xs)[len(xs) // 2]
 
 
-def read_bandwidth_gbs(mb: int = 512, repeats: int = 5) -> float:
-    """The machine's read bandwidth as a multi-threaded sum over a buffer far larger than the caches."""
-    import torch
+class BandwidthProbe:
+    """The machine's read bandwidth now: the best of `repeats` streaming reads of a buffer far past the caches,
+    by the better of two readers (torch's multi-threaded sum, and with the native step attached its library's
+    read on the step's threads, `parley_read_gbs`): a probe that under-reads makes a step's share read high."""
 
-    x = torch.ones(mb * 2**20 // 4, dtype=torch.float32)
-    best = 0.0
-    for _ in range(repeats):
-        t = time.perf_counter()
-        x.sum()
-        best = max(best, x.numel() * 4 / (time.perf_counter() - t) / 1e9)
-    return best
+    def __init__(self, engine=None, mb: int = 256, repeats: int = 3) -> None:
+        import torch
+
+        native = getattr(engine, "native", None)
+        self.lib = native.lib if native is not None and hasattr(native.lib, "parley_read_gbs") else None
+        self.buf = torch.ones(mb * 2**20, dtype=torch.uint8)  # touched: its pages are in memory
+        self.repeats = repeats
+        self.kind = "max(torch sum, native read)" if self.lib is not None else "torch sum"
+
+    def __call__(self) -> float:
+        import torch
+
+        x, best = self.buf.view(torch.float32), 0.0
+        for _ in range(self.repeats):
+            t = time.perf_counter()
+            x.sum()
+            best = max(best, self.buf.numel() / (time.perf_counter() - t) / 1e9)
+        if self.lib is not None:
+            best = max(best, float(self.lib.parley_read_gbs(self.buf.data_ptr(), self.buf.numel(), self.repeats, 0)))
+        return best
+
+
+def read_bandwidth_gbs(mb: int = 256, repeats: int = 3) -> float:
+    """The machine's read bandwidth as a multi-threaded torch sum (no engine at hand)."""
+    return BandwidthProbe(None, mb, repeats)()
 
 
 def weight_bytes_per_token(engine) -> int:
@@ -120,21 +141,31 @@ class BackgroundLoad:
             p.join()
 
 
-def decode_rate(engine, prompt_ids: list[int], depth: int, new_tokens: int, repeats: int) -> float:
-    """Greedy decode with the engine's own verbs (no speculation, no stop tokens) after `depth` tokens."""
+def decode_runs(engine, prompt_ids: list[int], depth: int, new_tokens: int, repeats: int,
+                probe: BandwidthProbe | None = None) -> list[tuple[float, float | None]]:
+    """Greedy decode with the engine's own verbs (no speculation, no stop tokens) after `depth` tokens: per run,
+    tokens/s and (with `probe`) the mean of the bandwidths read just before and just after it."""
     ctx = (prompt_ids * (depth // max(1, len(prompt_ids)) + 1))[:depth] if depth else prompt_ids
-    rates = []
-    for _ in range(repeats + 1):  # the first run warms up
+    runs: list[tuple[float, float | None]] = []
+    for r in range(repeats + 1):  # the first run warms up
         engine.reset_cache()
         engine.prefill(ctx[:-1])
         tok = ctx[-1]
+        before = probe() if probe is not None and r else None
         t = time.perf_counter()
         for _ in range(new_tokens):
             logits = engine.forward([tok])
             engine.commit([tok])
             tok = int(logits[-1].argmax())
-        rates.append(new_tokens / (time.perf_counter() - t))
-    return _median(rates[1:])
+        rate = new_tokens / (time.perf_counter() - t)
+        if r:
+            runs.append((rate, None if before is None else (before + probe()) / 2))
+    return runs
+
+
+def decode_rate(engine, prompt_ids: list[int], depth: int, new_tokens: int, repeats: int) -> float:
+    """Median tokens/s of `decode_runs`."""
+    return _median([rate for rate, _ in decode_runs(engine, prompt_ids, depth, new_tokens, repeats)])
 
 
 def prefill_rate(engine, prompt_ids: list[int], tokens: int, repeats: int) -> float:
@@ -264,9 +295,9 @@ def run(args: argparse.Namespace) -> int:
 
     threads = configure_threads(args.threads)
     depths = [int(d) for d in args.depths.split(",") if d.strip()]
-    bandwidth = read_bandwidth_gbs()
+    probed: list[float] = []  # every bandwidth of the run: its median is the run's `read_bandwidth_gbs`
     results: dict = {"model": None, "threads": threads, "new_tokens": args.new_tokens,
-                     "prefill_tokens": args.prefill_tokens, "read_bandwidth_gbs": round(bandwidth, 1), "engines": {}}
+                     "prefill_tokens": args.prefill_tokens, "read_bandwidth_gbs": None, "engines": {}}
     for quant in [q.strip() for q in args.quant.split(",") if q.strip()]:
         for path in [p.strip() for p in args.path.split(",") if p.strip()]:
             for kv in [k.strip() for k in args.kv_cache.split(",") if k.strip()]:
@@ -290,14 +321,22 @@ def run(args: argparse.Namespace) -> int:
                 if args.prefill_tokens:
                     r["prefill_tok_s"] = round(prefill_rate(engine, ids, args.prefill_tokens, args.repeats), 1)
                 r["decode"] = []
+                probe = BandwidthProbe(engine)
+                r["bandwidth_probe"] = probe.kind
                 for depth in depths:
-                    rate = decode_rate(engine, ids, depth, args.new_tokens, args.repeats)
+                    runs = decode_runs(engine, ids, depth, args.new_tokens, args.repeats, probe)
+                    rate = _median([rate for rate, _ in runs])
                     ctx = (depth or len(ids)) + args.new_tokens // 2  # mean positions attended per token
                     per_token = wbytes + kv_pos * ctx
+                    shares = [100 * per_token * rt / (bw * 1e9) for rt, bw in runs]  # each run against its own probes
+                    probed.extend(bw for _, bw in runs)
                     r["decode"].append({
                         "depth": depth, "tok_s": round(rate, 1), "kv_mb_per_token": round(kv_pos * ctx / 1e6, 2),
                         "mb_per_token": round(per_token / 1e6, 1), "gb_s": round(per_token * rate / 1e9, 1),
-                        "pct_of_bandwidth": None})  # filled in below, against the run's best bandwidth
+                        "read_bandwidth_gbs": round(_median([bw for _, bw in runs]), 1),
+                        "pct_of_bandwidth": round(_median(shares), 1),
+                        "pct_of_bandwidth_runs": [round(x, 1) for x in shares]})
+                del probe
                 if args.background_load:
                     with BackgroundLoad(args.background_load):
                         busy = decode_rate(engine, ids, depths[0], args.new_tokens, args.repeats)
@@ -307,13 +346,7 @@ def run(args: argparse.Namespace) -> int:
                     r.update(rss_since_reset())
                 results["engines"][name] = r
                 del engine
-    # Measured again at the end: on a shared machine one measurement can land in a neighbour's burst, and the
-    # percentages are against the better of the two (the machine's limit, as far as this run saw it).
-    bandwidth = max(bandwidth, read_bandwidth_gbs())
-    results["read_bandwidth_gbs"] = round(bandwidth, 1)
-    for r in results["engines"].values():
-        for d in r.get("decode", []):
-            d["pct_of_bandwidth"] = round(100 * d["gb_s"] / bandwidth, 1)
+    results["read_bandwidth_gbs"] = round(_median(probed) if probed else read_bandwidth_gbs(), 1)
     if args.llama_cpp or args.llama_bench:
         gguf = _gguf_file(args.model)
         if gguf:  # the same file Parley loaded, not the script's re-quantized copies of the embedded model
@@ -337,7 +370,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(results))
         return 0
-    print(f"model: {results['model']}  threads: {threads}  read bandwidth {results['read_bandwidth_gbs']} GB/s  "
+    print(f"model: {results['model']}  threads: {threads}  read bandwidth {results['read_bandwidth_gbs']} GB/s "
+          f"(median of the probes between decode runs)  "
           f"(decode {args.new_tokens} tokens, median of {args.repeats})")
     for name, r in results["engines"].items():
         if "error" in r:
@@ -347,7 +381,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {name:<24} [{r['path']}] {pre}weights {r['weight_mb_per_token']} MB/token (load {r['load_s']} s)")
         for d in r["decode"]:
             print(f"      decode at depth {d['depth']:>5}: {d['tok_s']:7.1f} tok/s  {d['mb_per_token']:6.1f} MB/token "
-                  f"(KV {d['kv_mb_per_token']})  {d['gb_s']:5.1f} GB/s = {d['pct_of_bandwidth']}% of bandwidth")
+                  f"(KV {d['kv_mb_per_token']})  {d['gb_s']:5.1f} GB/s = {d['pct_of_bandwidth']}% of bandwidth "
+                  f"(median of each run against the {d['read_bandwidth_gbs']} GB/s probed around it; runs: "
+                  f"{', '.join(f'{x}%' for x in d['pct_of_bandwidth_runs'])})")
         for v in r.get("vs_llama_cpp", []):
             at = f" at depth {v['depth']}" if v.get("depth") else ""
             print(f"      vs llama.cpp {v['type']} {v['what']}{at}: {v['tok_s']} tok/s -> Parley "

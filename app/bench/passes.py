@@ -7,7 +7,9 @@ neighbour's burst lands on every T alike, and prints each pass's median time and
 Then the INT4 products of one real layer (q/k/v, o, gate/up, down) on one thread at T = 8, 64, 512 rows: GMAC/s
 beside the core's measured AVX-512 VNNI peak (12 independent `vpdpbusd` chains), both in the thread's CPU time,
 so that a neighbour taking the core does not count against the kernel; and a 512-token prefill on one thread in
-CPU time (`--prefill-tokens`), the load-robust companion of `bench decode`'s wall-clock prefill.
+CPU time (`--prefill-tokens`), the load-robust companion of `bench decode`'s wall-clock prefill. `--profile`:
+where each thread of a 1- and a T-token pass spends its time, per phase (work, and wait at the phase's barrier),
+from a library built with PARLEY_NATIVE_FLAGS=-DPARLEY_PROFILE.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="threads (default: automatic)")
     p.add_argument("--random", choices=sorted(RANDOM_SHAPES), default=None,
                    help="random weights of this shape instead of --model (the tests use `small`)")
+    p.add_argument("--profile", action="store_true",
+                   help="per-phase work and barrier wait of each thread in a 1- and a --breakdown-token pass; run "
+                        "with PARLEY_NATIVE_FLAGS=-DPARLEY_PROFILE (a separate build of the library)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -135,6 +140,42 @@ def breakdown(engine, ctx: list[int], T: int, repeats: int) -> dict:
     return {"tokens": T, **{f"{k}_ms": v for k, v in ms.items()}}
 
 
+PHASES = ("norm", "qkv", "rope", "attend", "merge", "o", "norm2", "gate_up", "silu", "down", "post", "head_quant",
+          "head")  # kernels/cpu_step.cpp's PH_* order
+
+
+def phase_profile(engine, ctx: list[int], T: int, repeats: int) -> dict:
+    """Per phase of a T-token pass, each thread's median milliseconds of work and of waiting at the phase's
+    barrier (a profile build of the library; its timer is not in the shipped build)."""
+    import numpy as np
+    import torch
+
+    step = engine.native
+    if step is None:
+        return {"error": "the native step is not attached"}
+    threads = step.lib.parley_threads(-1)
+    buf = (ctypes.c_double * (threads * len(PHASES) * 2))()
+    if step.lib.parley_profile(buf, threads) != len(PHASES):
+        return {"error": "the library has no timer: rerun with PARLEY_NATIVE_FLAGS=-DPARLEY_PROFILE"}
+    engine.reset_cache()
+    engine.prefill(ctx)
+    ids = torch.tensor([(ctx * (T // len(ctx) + 1))[:T]])
+    pos = torch.arange(len(ctx), len(ctx) + T)[None]
+    runs = []
+    with torch.inference_mode():
+        for r in range(repeats + 1):
+            step(ids, pos, engine.target.cache)
+            step.lib.parley_profile(buf, threads)
+            if r:
+                runs.append(np.frombuffer(buf, dtype=np.float64).reshape(threads, len(PHASES), 2).copy())
+    ms = np.median(np.stack(runs), axis=0) * 1e3
+    return {"tokens": T, "threads": threads,
+            "phases": {name: [[round(float(w), 3), round(float(x), 3)] for w, x in ms[:, i]]
+                       for i, name in enumerate(PHASES) if ms[:, i].sum() > 0},
+            "work_ms": [round(float(x), 3) for x in ms[:, :, 0].sum(axis=1)],
+            "wait_ms": [round(float(x), 3) for x in ms[:, :, 1].sum(axis=1)]}
+
+
 def prefill_cpu(engine, ids: list[int], tokens: int, repeats: int) -> dict:
     """A prefill of `tokens` tokens on one thread in its CPU time: the products at prefill tiles, attention
     over up to `tokens` keys and the rest, robust to a busy machine (wall-clock prefill is `bench decode`'s)."""
@@ -187,6 +228,9 @@ def run(args: argparse.Namespace) -> int:
             {"tokens": T, "ms": round(1e3 * ts[T], 3), "vs_one_token": round(ts[T] / ts[1], 2),
              "ms_per_token": round(1e3 * ts[T] / T, 3)} for T in passes],
             "one_thread_cpu": [breakdown(engine, ctx, T, args.repeats) for T in sorted({1, args.breakdown})]})
+        if args.profile:
+            results["depths"][-1]["profile"] = [phase_profile(engine, ctx, T, args.repeats)
+                                                for T in sorted({1, args.breakdown})]
     results["products"] = product_gmacs(engine, rows, args.repeats)
     if args.prefill_tokens > 0:
         results["prefill_one_thread_cpu"] = prefill_cpu(engine, ids, args.prefill_tokens, args.repeats)
@@ -205,6 +249,14 @@ def run(args: argparse.Namespace) -> int:
             if "error" not in b:
                 print(f"      one thread, CPU time, {b['tokens']}-token pass {b['pass_ms']} ms: INT4 products "
                       f"{b['products_ms']}, head {b['head_ms']}, the rest (attention, norms...) {b['rest_ms']}")
+        for pr in d.get("profile", []):
+            if "error" in pr:
+                print(f"      profile: {pr['error']}")
+                continue
+            print(f"      {pr['tokens']}-token pass, {pr['threads']} threads, ms of work / wait at the barrier per "
+                  f"thread: total {pr['work_ms']} / {pr['wait_ms']}")
+            for name, per in pr["phases"].items():
+                print(f"        {name:<10} " + "  ".join(f"{w:6.3f} / {x:6.3f}" for w, x in per))
     pr = results["products"]
     if "error" in pr:
         print(f"  INT4 products: {pr['error']}")
