@@ -31,6 +31,18 @@ def source(tmp_path_factory):
     return str(write_hf_dir(outlier_model(seed=5), tmp_path_factory.mktemp("tiny") / "model"))
 
 
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("layout-cache")
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(cache_dir, monkeypatch):
+    """A Parley cache of this file's own: `load` expects one quantized folder in it, and the other tests of
+    an xdist worker (the native head's GPTQ, say) quantize into the worker's shared one."""
+    monkeypatch.setenv("PARLEY_CACHE_DIR", str(cache_dir))
+
+
 def load(source: str) -> Engine:
     """The engine a start with `--quant awq` gets; `awq_folder` is where its quantized weights are cached."""
     from parley.models.quantize.cache import cache_root

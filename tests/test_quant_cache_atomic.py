@@ -32,7 +32,8 @@ print(ensure_quantized(files, **{SETTINGS!r}).path, flush=True)
 
 
 @pytest.fixture
-def source(tmp_path):
+def source(tmp_path, monkeypatch):
+    monkeypatch.setenv("PARLEY_CACHE_DIR", str(tmp_path / "cache"))  # a cache of its own: it empties it
     return resolve(str(write_hf_dir(outlier_model(), tmp_path / "tiny")))
 
 
