@@ -117,8 +117,9 @@ def test_ask_see_the_streamed_answer_and_move_a_slider_in_chromium(tmp_path):
     try:
         wait_for(up, 60, f"textual-serve on {url}")
         with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, timeout=180_000)
             page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.set_default_timeout(180_000)  # a bound for a busy 2-core machine (Playwright's default: 30 s)
 
             def on_socket(ws) -> None:
                 ws.on("framereceived", lambda payload: received.append(

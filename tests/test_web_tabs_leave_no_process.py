@@ -27,6 +27,11 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+# Playwright's own bound on connecting and loading a page (its default: 30 s). A bound, not a race: on a busy
+# 2-core machine (the suite's four workers) Chromium once took longer than 30 s to answer over CDP.
+BROWSER_MS = 180_000
+
+
 def tab_pids(folder: Path) -> set[int]:
     """The chat processes started so far (each writes its pid when it starts)."""
     pids = folder / "pids"
@@ -63,7 +68,8 @@ def test_closing_a_tab_killing_the_browser_or_parley_web_leaves_no_process(tmp_p
         with sync_api.sync_playwright() as p:
             browser, address = start_browser(tmp_path / "profile-1")
             browsers.append(browser)
-            context = p.chromium.connect_over_cdp(address).contexts[0]
+            context = p.chromium.connect_over_cdp(address, timeout=BROWSER_MS).contexts[0]
+            context.set_default_timeout(BROWSER_MS)
             first, second = context.new_page(), context.new_page()
             first.goto(url)
             wait_for(lambda: len(tab_pids(tmp_path)) == 1, 60, "the first tab's process",
@@ -83,7 +89,9 @@ def test_closing_a_tab_killing_the_browser_or_parley_web_leaves_no_process(tmp_p
 
             browser, address = start_browser(tmp_path / "profile-2")
             browsers.append(browser)
-            third = p.chromium.connect_over_cdp(address).contexts[0].new_page()
+            context = p.chromium.connect_over_cdp(address, timeout=BROWSER_MS).contexts[0]
+            context.set_default_timeout(BROWSER_MS)
+            third = context.new_page()
             third.goto(url)
             wait_for(lambda: len(tab_pids(tmp_path)) == 3, 60, "the third tab's process",
                      lambda: third.wait_for_timeout(200))
