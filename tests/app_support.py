@@ -23,6 +23,13 @@ async def wait_until(predicate: Callable[[], object], timeout: float = 20.0, int
         await asyncio.sleep(interval)
 
 
+async def notices(app, text: str) -> list[str]:
+    """The notifications that contain `text`, once there is one: `App.notify` posts a message, so a notice
+    shows up a moment after the code that sent it has run (asserting at once raced it under load)."""
+    await wait_until(lambda: any(text in str(n.message) for n in app._notifications))
+    return [str(n.message) for n in app._notifications if text in str(n.message)]
+
+
 def make_app(tmp_path: Path, engine: FakeEngine | None = None, *, app_class: type[ParleyApp] = ParleyApp,
              **kwargs) -> tuple[ParleyApp, FakeEngine]:
     """A ParleyApp on the fake engine with its database, settings and exports under `tmp_path`."""

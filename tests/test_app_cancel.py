@@ -4,7 +4,7 @@ reply sees exactly the text that was shown (without the mark) as the assistant t
 from __future__ import annotations
 
 import pytest
-from app_support import make_app, ready, send, wait_until
+from app_support import make_app, notices, ready, send, wait_until
 from fake_engine import FakeEngine
 
 from parley.app.reply_controller import STOPPED_MARK
@@ -52,7 +52,7 @@ async def test_escape_before_first_token_keeps_the_turn_and_says_so(tmp_path):
         assert [(m.role, m.content) for m in app.chat.messages] == [("user", "never mind")]
         assert [m.content for m in app.store.messages(app.conversation.id)] == ["never mind"]
         assert app.prompt.text == "" and app.prompt.has_focus
-        assert any("stopped before its first token" in str(n.message) for n in app._notifications)
+        assert await notices(app, "stopped before its first token")
         engine.delay = 0.0
         await pilot.press("ctrl+r")  # regenerate answers the kept question
         await wait_until(lambda: len(engine.calls) == 2 and not app.generating)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from app_support import make_app, ready, send, wait_until
+from app_support import make_app, notices, ready, send, wait_until
 from fake_engine import FakeEngine, split_tokens
 from textual import events
 
@@ -77,4 +77,4 @@ async def test_ctx_at_the_window_end_is_capped_and_the_user_is_told(tmp_path):
         await send(app, pilot, "go on")
         await wait_until(lambda: engine.calls and not app.generating)
         assert ctx(app) == f"ctx {window}/{window}"
-        assert any("context window" in str(n.message) for n in app._notifications)
+        assert await notices(app, "context window")

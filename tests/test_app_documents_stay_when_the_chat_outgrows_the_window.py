@@ -7,7 +7,7 @@ message) went first: the next answer talked about nothing."""
 from __future__ import annotations
 
 import pytest
-from app_support import make_app, ready, send, wait_until
+from app_support import make_app, notices, ready, send, wait_until
 from fake_engine import FakeEngine
 
 from parley.app import paste_budget
@@ -34,7 +34,7 @@ async def test_the_document_stays_and_the_oldest_exchange_goes(tmp_path):
         assert last[-1]["content"] == questions[-1]
         assert all(m["content"] != questions[1] for m in last)  # the oldest plain exchange went
         assert engine.sessions[-1].system_prompt == "Answer from the document."
-        said = [str(n.message) for n in app._notifications if "longer than the model can keep" in str(n.message)]
+        said = await notices(app, "longer than the model can keep")
         assert said and "oldest question" in said[-1]
         assert "It still sees the system prompt and your documents" in said[-1]
         # Everything stays on screen and in the history: only what the model is sent changes.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from app_support import make_app, send, wait_until
+from app_support import make_app, notices, send, wait_until
 from fake_engine import FakeEngine, loader
 
 pytestmark = pytest.mark.anyio
@@ -23,7 +23,7 @@ async def test_a_message_sent_while_loading_is_answered_after_the_load(tmp_path)
             await send(app, pilot, "hi, are you there?")
             await wait_until(lambda: [m.content for m in app.chat.messages] == ["hi, are you there?"])
             assert app.prompt.text == "" and not engine.calls
-            assert any("Queued" in str(n.message) for n in app._notifications)
+            assert await notices(app, "Queued")
             await send(app, pilot, "second")
             await wait_until(lambda: any("already waits" in str(n.message) for n in app._notifications))
             assert app.prompt.text == "second"  # not lost: still in the prompt

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from app_support import make_app, ready, send, wait_until
+from app_support import make_app, notices, ready, send, wait_until
 from fake_engine import FakeEngine
 from textual import events
 
@@ -47,5 +47,5 @@ async def test_export_says_where_it_wrote(tmp_path):
         await pilot.press("f9")
         path = (tmp_path / f"export-me-{app.conversation.id}.md").resolve()
         await wait_until(lambda: path.exists())
-        assert any(str(n.message) == f"Exported to {path}" for n in app._notifications)
+        assert f"Exported to {path}" in await notices(app, f"Exported to {path}")
         assert path.is_absolute()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from app_support import make_app, ready, send, wait_until
+from app_support import make_app, notices, ready, send, wait_until
 from fake_engine import FakeEngine
 
 from parley.app.first_run import QuantizeInBackground
@@ -86,7 +86,7 @@ async def test_chat_starts_on_fp_and_switches_to_int4_between_replies(tmp_path):
         loads.fp.release.set()
         await wait_until(lambda: app.engine is loads.int4 and not app.generating)
         assert app.chat.messages[-1].content == "from the fp model"
-        assert any("Switched to smol · INT4 (AWQ)" in str(n.message) for n in app._notifications)
+        assert await notices(app, "Switched to smol · INT4 (AWQ)")
         assert "smol · INT4 (AWQ)" in str(app.status.render())
         await send(app, pilot, "again")
         await wait_until(lambda: loads.int4.calls and not app.generating)

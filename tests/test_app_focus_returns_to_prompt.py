@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from app_support import burst, make_app, ready, send, wait_until
+from app_support import burst, make_app, notices, ready, send, wait_until
 from fake_engine import FakeEngine
 
 from parley.app.widgets.message import ChatMessage
@@ -46,7 +46,7 @@ async def test_message_keys_still_work_on_a_message(tmp_path):
         message = await _focus_a_message(app, pilot)
         await pilot.press("c")  # copy: a message key, not text for the prompt
         assert message.has_focus and app.prompt.text == ""
-        assert any("Message copied" in str(n.message) for n in app._notifications)
+        assert await notices(app, "Message copied")
 
 
 async def test_a_burst_typed_on_the_conversation_lands_whole_in_the_prompt(tmp_path):

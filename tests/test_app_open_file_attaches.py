@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from app_support import make_app, on_screen, ready, wait_until
+from app_support import make_app, notices, on_screen, ready, wait_until
 
 from parley.app.screens.dialogs import OpenFileScreen
 
@@ -44,4 +44,4 @@ async def test_unreadable_file_says_why(tmp_path, kind):
         await pilot.pause()
         assert app.attachment is None
         expected = "not UTF-8 text" if kind == "binary" else "Could not read"
-        assert any(expected in str(n.message) and str(path) in str(n.message) for n in app._notifications)
+        assert any(str(path) in message for message in await notices(app, expected))

@@ -4,7 +4,7 @@ optional view (off by default) highlights the characters that came from accepted
 from __future__ import annotations
 
 import pytest
-from app_support import make_app, ready, send, wait_until
+from app_support import make_app, notices, ready, send, wait_until
 from fake_engine import FakeEngine, split_tokens
 
 pytestmark = pytest.mark.anyio
@@ -64,4 +64,4 @@ async def test_engine_notices_are_shown(tmp_path):
         await send(app, pilot, "go")
         await wait_until(lambda: engine.calls and not app.generating)
         await pilot.pause()
-        assert [str(n.message) for n in app._notifications].count(note) == 1
+        assert (await notices(app, note)).count(note) == 1

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from app_support import make_app, ready, send, wait_until
+from app_support import make_app, notices, ready, send, wait_until
 from fake_engine import FakeEngine, FakeSession
 
 from parley.app.widgets.status_bar import quantization_words
@@ -64,5 +64,5 @@ async def test_speculation_in_words_and_its_note_shown_once(tmp_path):
         stats = app.status.stats
         assert (f"speculating: prompt lookup (paused) · {stats.accepted / stats.proposed:.0%} of guesses kept · "
                 "2.4 tokens per step") in str(app.status.render())
-        notes = [n for n in app._notifications if "slowing this reply down" in str(n.message)]
+        notes = await notices(app, "slowing this reply down")
         assert len(notes) == 1

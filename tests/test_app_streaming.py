@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from app_support import make_app, ready, send, wait_until
+from app_support import make_app, notices, ready, send, wait_until
 from fake_engine import DEFAULT_REPLY, FakeEngine, split_tokens
 
 pytestmark = pytest.mark.anyio
@@ -68,7 +68,7 @@ async def test_engine_error_is_reported_and_partial_kept(tmp_path):
         await wait_until(lambda: engine.calls and not app.generating)
         await pilot.pause()
         assert app.chat.messages[-1].content == engine.calls[0].shown
-        assert any("scripted failure" in str(n.message) for n in app._notifications)
+        assert await notices(app, "scripted failure")
 
 
 async def test_view_follows_the_bottom_unless_scrolled_up(tmp_path):
