@@ -82,8 +82,7 @@ class PayCheck:
                  resume: float = 1.1, backoff: int = 16) -> None:
         self.cost, self.min_rounds, self.window, self.resume = cost, min_rounds, window, resume
         self.backoff = backoff
-        self.rounds = self.tokens = 0  # drafted rounds since drafting (re)started, and the tokens they decided
-        self.seconds = 0.0
+        self.rounds = 0  # drafted rounds since drafting (re)started
         self.note = ""  # why speculation is paused, in plain words ("" while it is on)
         self.pauses = 0  # how often this reply paused drafting
         self._warm = False
@@ -99,7 +98,7 @@ class PayCheck:
         elif not self._warm:
             self._warm = True
         else:
-            self.rounds, self.tokens, self.seconds = self.rounds + 1, self.tokens + tokens, self.seconds + seconds
+            self.rounds += 1
             self._recent.append((tokens, seconds))
 
     @property
@@ -161,7 +160,7 @@ class PayCheck:
         return sum(t for t, _ in rounds) * self.cost.base / max(1e-12, sum(s for _, s in rounds))
 
     def _restart(self) -> None:
-        self.note, self.rounds, self.tokens, self.seconds = "", 0, 0, 0.0
+        self.note, self.rounds = "", 0
         self._recent.clear()
         self._shadows.clear()
         self._shadow = None
