@@ -99,6 +99,10 @@ struct Layer {
     const float* post_ffn_norm;   // [dim]: norms the MLP output before the residual add
     const float* rope_cos;        // [max_pos][head_dim/2]: this layer's own table (sliding layers), or null
     const float* rope_sin;
+    // An online rotation of the down projection's input (models/quantize/hadamard.py), or null: each product
+    // row times diag(down_diag), then the unnormalised Hadamard transform of each block of down_block.
+    const float* down_diag;  // [inter]
+    int32_t down_block;
 };
 
 struct Model {
@@ -1612,6 +1616,64 @@ static void gelu_mul_row(const float* r, int I, float* out) {
     }
 }
 
+// x[j] *= diag[j], then the fast Walsh-Hadamard transform of each block of `block` (a power of two) in place,
+// butterflies in the order of MLP.forward's `block_hadamard` (same additions, so the same bits).
+#if PARLEY_VNNI
+// One block of 16 * NV floats held in NV registers: the butterflies of h < 16 within each vector (lane l pairs
+// with l ^ h: a + b below, a - b above), then those of h = 16, 32, ... between vectors; one load and one store.
+template <int NV>
+static void hadamard_block(float* x, const float* diag) {
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    __m512 v[NV];
+#pragma GCC unroll 16
+    for (int t = 0; t < NV; t++) {
+        v[t] = _mm512_mul_ps(_mm512_loadu_ps(x + 16 * t), _mm512_loadu_ps(diag + 16 * t));
+#pragma GCC unroll 4
+        for (int h = 1; h < 16; h *= 2) {
+            const __m512i hv = _mm512_set1_epi32(h);
+            const __m512 p = _mm512_permutexvar_ps(_mm512_xor_si512(lane, hv), v[t]);
+            v[t] = _mm512_mask_blend_ps(_mm512_test_epi32_mask(lane, hv), _mm512_add_ps(v[t], p), _mm512_sub_ps(p, v[t]));
+        }
+    }
+#pragma GCC unroll 4
+    for (int h = 1; h < NV; h *= 2)
+#pragma GCC unroll 16
+        for (int t = 0; t < NV; t++)
+            if (!(t & h)) {
+                const __m512 a = v[t], b = v[t + h];
+                v[t] = _mm512_add_ps(a, b);
+                v[t + h] = _mm512_sub_ps(a, b);
+            }
+#pragma GCC unroll 16
+    for (int t = 0; t < NV; t++) _mm512_storeu_ps(x + 16 * t, v[t]);
+}
+#endif
+
+static void hadamard_row(float* x, int n, const float* diag, int block) {
+#if PARLEY_VNNI
+    if (block >= 16 && block <= 256) {  // n % 16 == 0 (the step's intermediate size)
+        for (int b = 0; b < n; b += block) {
+            switch (block) {
+                case 16: hadamard_block<1>(x + b, diag + b); break;
+                case 32: hadamard_block<2>(x + b, diag + b); break;
+                case 64: hadamard_block<4>(x + b, diag + b); break;
+                case 128: hadamard_block<8>(x + b, diag + b); break;
+                default: hadamard_block<16>(x + b, diag + b); break;
+            }
+        }
+        return;
+    }
+#endif
+    for (int j = 0; j < n; j++) x[j] *= diag[j];
+    for (int h = 1; h < block; h *= 2)
+        for (int i = 0; i < n; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                const float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+}
+
 static void rope_row(float* x, int D, const float* cos, const float* sin) {  // halves layout, as HF
     const int h = D / 2;
     for (int i = 0; i < h; i++) {
@@ -1651,6 +1713,9 @@ extern "C" int parley_threads(int n) {
 }
 
 extern "C" int parley_has_vnni(void) { return PARLEY_VNNI; }
+
+// The rotation before the down projection on one row, for the tests to compare bit for bit with PyTorch's.
+extern "C" void parley_hadamard_row(float* x, int n, const float* diag, int block) { hadamard_row(x, n, diag, block); }
 
 // The profile build's sums into out [threads][PH_COUNT][2] (work, wait; seconds), then zeroed; -1 elsewhere.
 extern "C" int parley_profile(double* out, int threads) {
@@ -1946,6 +2011,7 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
         for (int m = 0; m < M; m++) {  // SiLU(gate) * up (or GeGLU), undoing the 16-column interleave, then quantized
             if (md->act == 1) gelu_mul_row(gu + (size_t)m * 2 * I, I, xn + (size_t)m * I);
             else silu_mul_row(gu + (size_t)m * 2 * I, I, xn + (size_t)m * I);
+            if (L->down_diag) hadamard_row(xn + (size_t)m * I, I, L->down_diag, L->down_block);
             if (L->down.kind != W_F32)
                 quantize_row(xn + (size_t)m * I, I, lin_block(&L->down), &a, m);
         }
@@ -2028,7 +2094,7 @@ static const FieldLayout parley_layout_table[] = {
     PARLEY_FIELD(Layer, q_norm), PARLEY_FIELD(Layer, k_norm), PARLEY_FIELD(Layer, qkv), PARLEY_FIELD(Layer, o),
     PARLEY_FIELD(Layer, gate_up), PARLEY_FIELD(Layer, down), PARLEY_FIELD(Layer, window),
     PARLEY_FIELD(Layer, post_attn_norm), PARLEY_FIELD(Layer, post_ffn_norm), PARLEY_FIELD(Layer, rope_cos),
-    PARLEY_FIELD(Layer, rope_sin),
+    PARLEY_FIELD(Layer, rope_sin), PARLEY_FIELD(Layer, down_diag), PARLEY_FIELD(Layer, down_block),
     PARLEY_STRUCT(Model), PARLEY_FIELD(Model, dim), PARLEY_FIELD(Model, n_layers), PARLEY_FIELD(Model, n_heads),
     PARLEY_FIELD(Model, n_kv_heads), PARLEY_FIELD(Model, head_dim), PARLEY_FIELD(Model, inter),
     PARLEY_FIELD(Model, vocab), PARLEY_FIELD(Model, eps), PARLEY_FIELD(Model, embed),

@@ -51,7 +51,8 @@ class Layer(ctypes.Structure):
     _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("q_norm", ctypes.c_void_p),
                 ("k_norm", ctypes.c_void_p), ("qkv", Lin), ("o", Lin), ("gate_up", Lin), ("down", Lin),
                 ("window", ctypes.c_int32), ("post_attn_norm", ctypes.c_void_p), ("post_ffn_norm", ctypes.c_void_p),
-                ("rope_cos", ctypes.c_void_p), ("rope_sin", ctypes.c_void_p)]
+                ("rope_cos", ctypes.c_void_p), ("rope_sin", ctypes.c_void_p), ("down_diag", ctypes.c_void_p),
+                ("down_block", ctypes.c_int32)]
 
 
 class Model(ctypes.Structure):
@@ -166,6 +167,8 @@ def load() -> ctypes.CDLL | None:
         lib.parley_threads.restype = ctypes.c_int
         lib.parley_threads.argtypes = [ctypes.c_int]
         lib.parley_has_vnni.restype = ctypes.c_int
+        lib.parley_hadamard_row.restype = None
+        lib.parley_hadamard_row.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
         lib.parley_layout.restype = ctypes.c_int
         lib.parley_layout.argtypes = [ctypes.c_int, *[ctypes.POINTER(t) for t in (ctypes.c_char_p, ctypes.c_char_p,
                                                                                ctypes.c_int, ctypes.c_int)]]

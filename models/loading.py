@@ -69,7 +69,12 @@ def load_model(files: ModelFiles, dtype: torch.dtype = torch.float32,
     weights = safetensors_weights(files.path, device)
     if config.norm_unit_offset:  # Gemma stores w for a gain of 1 + w; the model holds the gain
         weights = ((n, t.float() + 1 if is_norm_weight(n) else t) for n, t in weights)
-    return assemble(config, weights, dtype, device, str(files.path), group_size)
+    model = assemble(config, weights, dtype, device, str(files.path), group_size)
+    if group_size is not None:  # Parley's own quantization keeps a rotated down_proj beside the standard one
+        from .quantize import hadamard
+
+        hadamard.apply(model, Path(files.path))
+    return model
 
 
 def safetensors_weights(path: Path, device: torch.device | str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:

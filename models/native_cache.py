@@ -34,19 +34,23 @@ class Stale(ValueError):
 _DTYPES = {"U8": torch.uint8, "I16": torch.int16, "F32": torch.float32}
 
 
-def cache_key(folder: Path, head_bits: int, head: str = "") -> str | None:
+def cache_key(folder: Path, head_bits: int, head: str = "", rotated_down: bool = False) -> str | None:
     """The key of `folder`'s packed file, or None when `folder` is no AWQ folder of the Parley cache.
-    `head`: how a 4-bit head is rounded ("gptq", or "" for to nearest)."""
+    `head`: how a 4-bit head is rounded ("gptq", or "" for to nearest); `rotated_down`: whether the model
+    runs the folder's rotated down_proj (models/quantize/hadamard.py) rather than the standard one."""
     from ..kernels import native
     from . import native_step
-    from .quantize import gptq, head4
+    from .quantize import gptq, hadamard, head4
     from .quantize.cache import MANIFEST, cache_root
 
     try:
         folder = folder.resolve()
         if cache_root().resolve() not in folder.parents:
             return None
-        weights = json.loads((folder / MANIFEST).read_text())["files"]["model.safetensors"]["sha256"]
+        files = json.loads((folder / MANIFEST).read_text())["files"]
+        weights = files["model.safetensors"]["sha256"]
+        if rotated_down:
+            weights += "|" + files[hadamard.FILE]["sha256"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     code = b"".join(Path(m.__file__).read_bytes() for m in (native, native_step, head4, gptq))

@@ -78,7 +78,8 @@ class NativeStep:
         from . import native_cache
 
         head = "gptq" if head_bits == 4 and head_gram is not None else ""
-        key = native_cache.cache_key(packed_dir, head_bits, head) if packed_dir is not None else None
+        rotated = model.layers[0].mlp.down_diag is not None  # hadamard.apply swapped in the rotated down_proj
+        key = native_cache.cache_key(packed_dir, head_bits, head, rotated) if packed_dir is not None else None
         packed = native_cache.load(packed_dir, key) if key else None
         try:
             try:
@@ -124,6 +125,8 @@ class NativeStep:
             L.o = self._linear(f"{i}.o", [at.o_proj])
             L.gate_up = self._linear(f"{i}.gate_up", [mlp.gate_proj, mlp.up_proj], interleave=True)
             L.down = self._linear(f"{i}.down", [mlp.down_proj], act_block=32)  # cpu_step.cpp: quantize_row
+            if mlp.down_diag is not None:  # down_proj quantized on rotated inputs (models/quantize/hadamard.py)
+                L.down_diag, L.down_block = self._ptr(mlp.down_diag), mlp.down_hadamard.shape[0]
             L.window = c.layer_windows[i]
             if block.sandwich:
                 L.post_attn_norm = self._ptr(block.post_attention_layernorm.weight)

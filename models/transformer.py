@@ -246,18 +246,44 @@ class Attention(nn.Module):
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 
+def block_hadamard(x: Tensor, h: Tensor, matmul: bool = False) -> Tensor:
+    """x [..., n] times the block-diagonal matrix whose blocks are h [b, b], Sylvester's +-1 matrix of order
+    b = 2^k (b divides n). By default the fast Walsh-Hadamard transform, butterflies in the order
+    cpu_step.cpp's `hadamard_row` runs them, so both paths round alike; `matmul` (the GPU path, where each
+    butterfly stage would be three tiny kernels) one product by h instead."""
+    b = h.shape[0]
+    if matmul:
+        return (x.reshape(-1, b) @ h.to(x.dtype)).reshape(x.shape)
+    shape, half = x.shape, 1
+    while half < b:  # pairs (j, j + half) within each run of 2 half channels; runs tile the blocks
+        x = x.reshape(-1, 2, half)
+        x = torch.stack((x[:, 0] + x[:, 1], x[:, 0] - x[:, 1]), dim=1)
+        half *= 2
+    return x.reshape(shape)
+
+
 class MLP(nn.Module):
+    """SwiGLU (GeGLU for Gemma). With `down_diag` set (an INT4 model whose down_proj was quantized on rotated
+    inputs: models/quantize/hadamard.py), the product is multiplied by diag(down_diag) and the block-diagonal
+    Hadamard matrix of blocks `down_hadamard` before down_proj: an orthogonal change of basis that spreads its
+    outlier channels."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(config.dim, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.dim, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.dim, bias=False)
         self.gelu = config.mlp_act == "gelu_tanh"  # GeGLU (Gemma) instead of SwiGLU
+        self.register_buffer("down_diag", None, persistent=False)  # [intermediate]: +-1/sqrt(block)
+        self.register_buffer("down_hadamard", None, persistent=False)  # [block, block]: Sylvester's +-1
 
     def forward(self, x: Tensor) -> Tensor:
         gate = self.gate_proj(x)
         gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
-        return self.down_proj(gate * self.up_proj(x))
+        h = gate * self.up_proj(x)
+        if self.down_diag is not None:
+            h = block_hadamard(h * self.down_diag.to(h.dtype), self.down_hadamard, matmul=h.is_cuda)
+        return self.down_proj(h)
 
 
 class Block(nn.Module):

@@ -311,9 +311,11 @@ def sdpa_backends(run: Run) -> dict:
 
 
 def random_int4_model(run: Run):
-    """A llama-shaped Transformer with random INT4 decoder weights (group 128) and a bf16 head."""
+    """A llama-shaped Transformer with random INT4 decoder weights (group 128), the online rotation before
+    down_proj that Parley's own quantization ships (models/quantize/hadamard.py), and a bf16 head."""
     from parley.models.config import ModelConfig
     from parley.models.device_prep import prepare_for_device
+    from parley.models.quantize import hadamard
     from parley.models.quantize.int4_linear import Int4Linear, decoder_linears
     from parley.models.transformer import Transformer
 
@@ -328,6 +330,9 @@ def random_int4_model(run: Run):
                                                             torch.float16, run.device, seed=i)
         setattr(parent, name, int4)
         del linear
+    block = hadamard.block_size(config.intermediate_size)
+    diag = hadamard.rotation_diag(config.intermediate_size, block)
+    hadamard.install(model, {i: layer.mlp.down_proj for i, layer in enumerate(model.layers)}, diag, block)
     prepare_for_device(model, native=False)  # the int8 head over INT4 layers, as on CUDA (--dry too)
     if not run.dry:
         torch.cuda.empty_cache()

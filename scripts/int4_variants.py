@@ -3,12 +3,13 @@ once, fp head), on `assets/heldout` and GPL-3: how the README's "INT4 quality" r
 
     PYTHONPATH=<dir holding parley> python scripts/int4_variants.py VARIANT [--chunks 12]
 
-VARIANT joins with `+` any of: `base` (the shipped first-run method), `downscale` (an AWQ scale for down_proj too,
-as before issue 21's second round), `vrot[SEED]` (each attention head's values rotated by one orthogonal matrix,
-folded into v_proj's rows and o_proj's columns: an offline, exact change), `had<BLOCK>[sSEED]` (an online block-
-Hadamard on down_proj's input, folded into its columns; needs a runtime change, so measured here only; implies
-`nodownscale`), `nodownscale` (no AWQ scale for down_proj: with an online rotation in between, up_proj cannot
-absorb one), `rs<SEED>` (the residual rotation's seed), `g<SIZE>` (the group size; 64 ships). Prints one JSON line
+VARIANT joins with `+` any of: `base` (the shipped first-run method, with its rotated down_proj), `nohd` (the
+standard folder's down_proj alone, what transformers runs), `hd<BLOCK>` (the runtime rotation of down_proj's input
+with blocks of BLOCK: models/quantize/hadamard.py; 256 ships), `downscale` (an AWQ scale for down_proj too, as
+shipped before issue 21's fifth round), `nodownscale` (none: shipped), `vrot[SEED]` (each attention head's values
+rotated by one orthogonal matrix, folded into v_proj's rows and o_proj's columns: an offline, exact change),
+`rs<SEED>` (the residual rotation's seed), `g<SIZE>` (the group size; 64 ships). (The second round's `had<BLOCK>`,
+the same rotation before it shipped, is `nodownscale+hd<BLOCK>` now, with other signs.) Prints one JSON line
 (perplexities with fp activations, and `*_act8` with every linear's input rounded to int8 in blocks as the native
 step rounds it; the quantization's CPU seconds; the fp logits' change from the variant's folds) and appends it to
 /tmp/int4_variants.jsonl. One thread, ~2-3 minutes of CPU per variant.
@@ -22,19 +23,17 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from parley.app.bench.quality import HELDOUT_DIR, dequantized, perplexity
 from parley.models.loading import load_model
-from parley.models.quantize import awq
+from parley.models.quantize import awq, hadamard
 from parley.models.quantize.cache import first_run_settings
 from parley.models.quantize.calibration import builtin_files, load_calibration
 from parley.models.quantize.int4_linear import decoder_linears
 from parley.models.quantize.rotate import random_rotation
 from parley.models.resolve import resolve
 from parley.models.tokenizer import load_tokenizer
-from parley.models.transformer import MLP
 
 GPL3 = Path("/usr/share/common-licenses/GPL-3")
 
@@ -44,18 +43,6 @@ def int8_blocks(x: Tensor, block: int) -> Tensor:
     xb = x.reshape(*x.shape[:-1], -1, block)
     d = xb.abs().amax(-1, keepdim=True) / 127
     return (torch.round(xb / torch.where(d > 0, d, 1)).clamp(-127, 127) * d).reshape(x.shape)
-
-
-class HadamardMLP(MLP):
-    """SwiGLU whose product is multiplied by a block-diagonal orthogonal matrix before down_proj (the online
-    rotation a runtime would apply: x -> x H per block of `hb.shape[0]` channels)."""
-
-    hb: Tensor
-
-    def forward(self, x: Tensor) -> Tensor:
-        h = F.silu(self.gate_proj(x)) * self.up_proj(x)
-        b = self.hb.shape[0]
-        return self.down_proj((h.reshape(*h.shape[:-1], -1, b) @ self.hb.to(h.dtype)).reshape(h.shape))
 
 
 @torch.no_grad()
@@ -70,17 +57,6 @@ def rotate_values(model, seed: int) -> None:
             a.v_proj.bias.copy_((a.v_proj.bias.double().view(a.n_kv_heads, hd) @ r).reshape(-1))
         o = a.o_proj.weight.double().view(-1, a.n_heads, hd)
         a.o_proj.weight.copy_((o @ r).reshape(a.o_proj.weight.shape))  # ... and o_proj undoes it per head
-
-
-@torch.no_grad()
-def hadamard_down(model, block: int, seed: int) -> None:
-    hb = random_rotation(block, seed)
-    for layer in model.layers:
-        mlp = layer.mlp
-        w = mlp.down_proj.weight.double()  # W h = (W H)(H^T h): the runtime feeds h H, the weight is W H
-        mlp.down_proj.weight.copy_((w.view(w.shape[0], -1, block) @ hb).reshape(w.shape))
-        mlp.__class__ = HadamardMLP
-        mlp.hb = hb.float()
 
 
 def main() -> None:
@@ -110,16 +86,15 @@ def main() -> None:
         texts["builtin"] = chunks(builtin_files())
     before = logits(texts["heldout"][0])
     settings = first_run_settings(64, torch.device("cpu"))
-    skip_down_scale = False
     for part in args.variant.split("+"):
         if part.startswith("vrot"):
             rotate_values(model, int(part[4:] or 1))
-        elif part.startswith("had"):
-            block, _, seed = part[3:].partition("s")
-            hadamard_down(model, int(block), int(seed or 2))
-            skip_down_scale = True
+        elif part.startswith("hd"):  # the shipped runtime rotation (models/quantize/hadamard.py), AWQ scale kept
+            settings.hadamard_down = int(part[2:] or 256)
+        elif part == "nohd":
+            settings.hadamard_down = 0
         elif part == "nodownscale":
-            skip_down_scale = True
+            settings.scale_down = False
         elif part == "downscale":
             settings.scale_down = True
         elif part.startswith("g") and part[1:].isdigit():
@@ -129,18 +104,11 @@ def main() -> None:
         elif part != "base":
             raise SystemExit(f"unknown variant part {part!r}")
     fp_change = (logits(texts["heldout"][0]) - before).abs().max().item()
-    if skip_down_scale:
-        search = awq.search_scale
-
-        def no_down_scale(group, masters, s, group_size):
-            if group.name == "down":
-                return torch.ones(group.x.shape[-1]), -1.0
-            return search(group, masters, s, group_size)
-
-        awq.search_scale = no_down_scale
     calibration = load_calibration(tok.encode, 32, 256, "builtin")
     cpu = time.process_time()
-    awq.awq_quantize(model, calibration.tokens, settings)
+    report = awq.awq_quantize(model, calibration.tokens, settings)
+    if report.rotated_down:
+        hadamard.install(model, report.rotated_down, report.down_diag, report.down_block)
     result = {"variant": args.variant, "quantize_cpu_s": round(time.process_time() - cpu, 1),
               "fp_max_logit_change": fp_change}
     dequantized(model)

@@ -257,6 +257,19 @@ MUTANTS: list[Mutant] = [
            "logits[node : node + 1], params, history=[*context, *emitted]",
            "logits[node : node + 1], params, history=context",
            ("tests/test_speculative_tree_output_law.py",)),
+    # -- issue 21, fifth round: the online rotation before down_proj --
+    Mutant("native-hadamard-half-block", "kernels/cpu_step.cpp",
+           "hadamard_row(xn + (size_t)m * I, I, L->down_diag, L->down_block);",
+           "hadamard_row(xn + (size_t)m * I, I, L->down_diag, L->down_block / 2);",
+           ("tests/test_down_hadamard_rotation_is_exact.py",)),
+    Mutant("hadamard-stale-file-trusted", "models/quantize/hadamard.py",
+           'if meta.get("model_sha256") != _weights_sha256(folder):',
+           'if meta.get("model_sha256") is None:',
+           ("tests/test_down_hadamard_folder_stays_standard.py",)),
+    Mutant("hadamard-native-layout-shared", "models/native_cache.py",
+           "        if rotated_down:\n",
+           "        if False:\n",
+           ("tests/test_native_layout_cache.py",)),
 ]
 
 

@@ -15,7 +15,7 @@ from parley.engine.engine import Engine
 from parley.kernels import native
 from parley.models import native_cache
 from parley.models.native_step import NativeStep
-from parley.models.quantize import head4
+from parley.models.quantize import hadamard, head4
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native step unavailable: {native.why_unavailable()}")
 
@@ -43,7 +43,8 @@ def layout(bits: int) -> tuple:
     from parley.models.quantize.cache import cache_root
 
     (folder,) = [p for p in cache_root().iterdir() if p.is_dir() and not p.name.startswith(".")]
-    key = native_cache.cache_key(folder, bits, "gptq" if bits == 4 else "")  # an engine's 4-bit head: GPTQ
+    head = "gptq" if bits == 4 else ""  # an engine's 4-bit head: GPTQ
+    key = native_cache.cache_key(folder, bits, head, rotated_down=(folder / hadamard.FILE).is_file())
     return folder, key, folder / f"native-{key}.safetensors"
 
 

@@ -107,3 +107,18 @@ def test_a_folder_outside_the_parley_cache_is_not_written(source, tmp_path):
     user = Engine.load(str(mine), quant="none", device="cpu")
     assert user.step_kind == "native" and not list(mine.glob("native-*"))
     assert torch.equal(logits(user), logits(engine))
+
+
+def test_the_rotated_and_the_standard_down_proj_get_their_own_layouts(source, monkeypatch):
+    """The folder's rotated down_proj (models/quantize/hadamard.py) packs to another layout than the standard
+    one: a start that switches the rotation off must not map the rotated layout."""
+    from parley.models.quantize import hadamard
+
+    rotated = load(source)
+    assert rotated.model.layers[0].mlp.down_diag is not None
+    want = logits(rotated)
+    monkeypatch.setenv(hadamard.DISABLE_ENV, "0")
+    plain = load(source)
+    assert plain.model.layers[0].mlp.down_diag is None
+    assert not torch.allclose(logits(plain), want)
+    assert len(list(plain.awq_folder.glob("native-*.safetensors"))) == 2

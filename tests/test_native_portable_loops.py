@@ -27,6 +27,7 @@ def test_portable_loops_pass_the_native_tests(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         str(TESTS / "test_native_linear_matches_reference.py"),
                         str(TESTS / "test_native_step_batch_invariance.py"),
-                        str(TESTS / "test_native_attention_matches_banded_reference.py")],
+                        str(TESTS / "test_native_attention_matches_banded_reference.py"),
+                        str(TESTS / "test_down_hadamard_rotation_is_exact.py")],
                        env=env, capture_output=True, text=True, timeout=1200, cwd=TESTS.parent)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]

@@ -1,6 +1,6 @@
 """A folder quantized by one method is never loaded as another's: the method (rotation, GPTQ, act-order, scale
-refit, down_proj's AWQ scale) is part of the cache key, so changing what the first run ships rebuilds instead of
-trusting an old folder."""
+refit, down_proj's AWQ scale, the rotated down_proj beside the folder) is part of the cache key, so changing what
+the first run ships rebuilds instead of trusting an old folder."""
 
 import torch
 from awq_tiny import outlier_model, write_hf_dir
@@ -18,7 +18,9 @@ def test_each_method_gets_its_own_folder(tmp_path, monkeypatch):
                "rotate+awq+gptq-act-order": AWQSettings(rotate=True, gptq=True, act_order=True),
                "rotate+awq+gptq+refit": AWQSettings(rotate=True, gptq=True, refit_scales=True),
                "rotate+awq-no-down-scale+gptq+refit": AWQSettings(rotate=True, gptq=True, refit_scales=True,
-                                                                  scale_down=False)}
+                                                                  scale_down=False),
+               "rotate+awq+gptq+refit+hadamard-down256": AWQSettings(rotate=True, gptq=True, refit_scales=True,
+                                                                     hadamard_down=256)}
     for settings in methods.values():
         monkeypatch.setattr(cache, "first_run_settings", lambda group_size, device, s=settings: s)
         cache.ensure_quantized(source, group_size=32, calib="builtin", n_samples=2, seq_len=16, device="cpu")
@@ -28,5 +30,5 @@ def test_each_method_gets_its_own_folder(tmp_path, monkeypatch):
 
 def test_the_first_run_method_is_in_the_key():
     s = cache.first_run_settings(64, torch.device("cpu"))
-    assert cache.method_name(s) == "rotate+awq+gptq+refit"
-    assert s.rotate and s.gptq and s.refit_scales and s.scale_down and not s.act_order
+    assert cache.method_name(s) == "rotate+awq-no-down-scale+gptq+refit+hadamard-down256"
+    assert s.rotate and s.gptq and s.refit_scales and not s.scale_down and not s.act_order and s.hadamard_down == 256

@@ -172,6 +172,9 @@ def run(args: argparse.Namespace) -> int:
     awq, awq_step = awq_engine.model, awq_engine.native
     load_s = time.monotonic() - t0
     bits = bits_per_weight(awq)  # of the folder's INT4 tensors, before `dequantized` replaces them
+    method = applied_method(manifest["settings"])
+    if "+hadamard-down" in method and awq.layers[0].mlp.down_diag is None:  # PARLEY_DOWN_HADAMARD=0
+        method = method.split("+hadamard-down")[0] + " (standard down_proj: rotation off)"
     head = ("4-bit GPTQ (the engine's head for this model)" if getattr(awq_step, "head_bits", 8) == 4
             else "int8 (the engine's fast head)")
     if reference:  # the modules, not the native step (it holds its own packed copy of the INT4 weights)
@@ -182,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     results["awq_int4"] = {"ppl": perplexity(awq, chunks, step=awq_step), "seconds": time.monotonic() - t0,
                            "group_size": manifest["settings"]["group_size_used"], "head": head,
-                           "method": applied_method(manifest["settings"]),
+                           "method": method,
                            "bits_per_weight": bits, "quantize_s": manifest["timing"]["quantize_s"],
                            "cache_load_s": load_s, "calibration": manifest["calibration"],
                            "folder": str(awq_files.path)}

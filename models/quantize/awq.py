@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..progress import Progress, ProgressFn
+from . import hadamard
 from .gptq import gptq_round, refit_scales
 from .int4_linear import Int4Linear, decoder_linears
 from .pack import Bounds, clip, fake_quantize, group_params, quantize_int
@@ -82,9 +83,13 @@ class AWQSettings:
     # (gptq.refit_scales): same integers and zero points, lower output error.
     refit_scales: bool = False
     # Search an AWQ scale for down_proj's input (folded into up_proj's rows). Off, down_proj is clipped and
-    # rounded on its own input: better on the quantization alone, neutral as the engine runs it, and worse
-    # greedy replies on the benches' prompts, so on by default (README, "INT4 quality").
+    # rounded on its own input: better on the quantization alone, neutral as the engine runs it; the first
+    # run turns it off since it rotates down_proj's input (hadamard_down; README, "INT4 quality").
     scale_down: bool = True
+    # Also quantize down_proj on its input rotated by a block Hadamard matrix (hadamard.py; this many channels
+    # a block, 0: not), kept beside the standard weights for a runtime that rotates (Parley's).
+    hadamard_down: int = 0
+    hadamard_seed: int = 0
 
 
 @dataclass
@@ -101,6 +106,10 @@ class AWQReport:
     layers: list[LayerReport] = field(default_factory=list)
     seconds: float = 0.0
     rotated: bool = False
+    # With AWQSettings.hadamard_down: each layer's down_proj quantized on rotated inputs, and the rotation.
+    rotated_down: dict[int, Int4Linear] = field(default_factory=dict)
+    down_diag: Tensor | None = None
+    down_block: int = 0
 
 
 class _SequenceCache:
@@ -321,9 +330,11 @@ def search_clip(w: Tensor, x: Tensor, group_size: int, settings: AWQSettings) ->
 
 @torch.no_grad()
 def awq_layer(block: nn.Module, x: Tensor, run: LayerRunner, settings: AWQSettings, group_size: int,
-              quantize: bool = True) -> tuple[Tensor, dict[str, float]]:
+              quantize: bool = True, down_rotation: tuple[Tensor, int] | None = None
+              ) -> tuple[Tensor, dict[str, float], Int4Linear | None]:
     """Scale, clip and quantize one decoder layer in place; return its fp output on x (the next layer's
-    input) and the chosen alphas. quantize=False stops after folding the scales (weights stay fp)."""
+    input), the chosen alphas, and with `down_rotation` (diag, block) its down_proj quantized on the rotated
+    input as well (hadamard.py). quantize=False stops after folding the scales (weights stay fp)."""
     out, feats = capture_inputs(block, x, run)
     groups = scale_groups(block, feats, run, settings.scale_down)
     search_dtype = settings.search_dtype or x.dtype
@@ -348,7 +359,13 @@ def awq_layer(block: nn.Module, x: Tensor, run: LayerRunner, settings: AWQSettin
         fold_scale(group, s)
     del search_groups
     if not quantize:
-        return out, alphas
+        return out, alphas, None
+    rotated_down = None
+    if down_rotation is not None:  # from down_proj's scaled weight and input, before they are quantized
+        down_x = next((g.x for g in groups if g.name == "down"), None)
+        if down_x is None:
+            down_x = next(x_in for lin, x_in in loose if lin is block.mlp.down_proj)
+        rotated_down = quantize_rotated(block.mlp.down_proj.weight.data, down_x, *down_rotation, group_size, settings)
     for group in groups:
         h = gram(group.x) if settings.gptq or settings.refit_scales else None
         for lin in group.linears:
@@ -362,7 +379,18 @@ def awq_layer(block: nn.Module, x: Tensor, run: LayerRunner, settings: AWQSettin
         bound = search_clip(lin.weight.data, x_in, group_size, settings) if settings.clip else None
         h = gram(x_in) if settings.gptq or settings.refit_scales else None
         replace_module(block, lin, quantize_linear(lin, h, group_size, bound, settings))
-    return out, alphas
+    return out, alphas, rotated_down
+
+
+def quantize_rotated(w: Tensor, x: Tensor, diag: Tensor, block: int, group_size: int,
+                     settings: AWQSettings) -> Int4Linear:
+    """down_proj's weight w on input x, both rotated (hadamard.py), clipped and rounded as a lone linear."""
+    lin = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
+    lin.weight.data = hadamard.rotate_weight(w, diag, block).to(w.dtype)
+    xr = hadamard.rotate_input(x, diag.to(x.device), block)
+    bound = search_clip(lin.weight.data, xr, group_size, settings) if settings.clip else None
+    h = gram(xr) if settings.gptq or settings.refit_scales else None
+    return quantize_linear(lin, h, group_size, bound, settings)
 
 
 def quantize_linear(lin: nn.Linear, h: Tensor | None, group_size: int, bound: Bounds | None,
@@ -410,6 +438,14 @@ def awq_quantize(model: nn.Module, tokens: Tensor, settings: AWQSettings | None 
         rotate_model(model, settings.rotation_seed)
         report.rotated = True
     dtype = model.norm.weight.dtype
+    down_rotation = None
+    if settings.hadamard_down and quantize:
+        inter = model.config.intermediate_size
+        block = hadamard.block_size(inter, settings.hadamard_down)
+        if block > 1:
+            report.down_diag = hadamard.rotation_diag(inter, block, settings.hadamard_seed)
+            report.down_block = block
+            down_rotation = (report.down_diag.to(device), block)
     run = LayerRunner(model, tokens.shape[1], device, dtype, settings.chunk)
     x = model.embed(tokens.to(home)).to(device)
     start = time.monotonic()
@@ -418,7 +454,9 @@ def awq_quantize(model: nn.Module, tokens: Tensor, settings: AWQSettings | None 
         t0 = time.monotonic()
         block.to(device)
         x_in = x
-        x, alphas = awq_layer(block, x, run, settings, group_size, quantize)
+        x, alphas, rotated_down = awq_layer(block, x, run, settings, group_size, quantize, down_rotation)
+        if rotated_down is not None:
+            report.rotated_down[i] = rotated_down.to(home)
         if settings.quantized_inputs and quantize:
             x = run.block(block, x_in)
         del x_in

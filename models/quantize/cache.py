@@ -32,6 +32,7 @@ from safetensors import SafetensorError
 from ..errors import ModelLoadError
 from ..progress import Progress, ProgressFn
 from ..resolve import ModelFiles
+from . import hadamard
 from .awq import AWQSettings, awq_quantize
 from .calibration import calibration_key, load_calibration
 from .checkpoint import is_awq, save_awq
@@ -65,10 +66,12 @@ def default_calibration_size(device: torch.device) -> tuple[int, int]:
 
 
 def first_run_settings(group_size: int, device: torch.device) -> AWQSettings:
-    """The quantization a first run ships: AWQ scales on a rotated residual stream, rounded with GPTQ (see
-    README, "INT4 quality", for what each step buys and what did not pay: down_proj without its AWQ scale
-    measured neutral in perplexity but changed the benches' replies for the worse)."""
-    awq = AWQSettings(group_size=group_size, rotate=True, gptq=True, refit_scales=True)
+    """The quantization a first run ships: AWQ scales on a rotated residual stream, rounded with GPTQ, scales
+    refit, and down_proj also quantized on its input rotated at run time (hadamard.py), which is why it gets no
+    AWQ scale: measured with and without, over three seeds, unscaled was better (README, "INT4 quality", for
+    what each step buys and what did not pay)."""
+    awq = AWQSettings(group_size=group_size, rotate=True, gptq=True, refit_scales=True, scale_down=False,
+                      hadamard_down=hadamard.BLOCK)
     if device.type == "cpu":  # minutes, not an hour: see AWQSettings for what these trade
         awq.search_samples = 8
         if fast_cpu_bf16():
@@ -80,7 +83,8 @@ def method_name(awq: AWQSettings) -> str:
     """What the cache key and manifest call the method: a folder built by another method is never reused."""
     steps = (["rotate"] * awq.rotate + ["awq" if awq.scale_down else "awq-no-down-scale"]
              + ["gptq-act-order" if awq.act_order else "gptq"] * awq.gptq)
-    return "+".join(steps + ["refit"] * awq.refit_scales)
+    steps += ["refit"] * awq.refit_scales + [f"hadamard-down{awq.hadamard_down}"] * bool(awq.hadamard_down)
+    return "+".join(steps)
 
 
 def applied_method(settings: dict[str, Any]) -> str:
@@ -99,7 +103,7 @@ def fast_cpu_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -114,7 +118,7 @@ def source_identity(files: ModelFiles) -> dict[str, Any]:
     if files.repo_id and files.revision:
         ident.update(repo_id=files.repo_id, revision=files.revision)
     elif files.kind == "gguf":
-        ident.update(path=str(files.path), sha256=_sha256(Path(files.path)))
+        ident.update(path=str(files.path), sha256=file_sha256(Path(files.path)))
     else:
         entries = sorted(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}"
                          for p in Path(files.path).iterdir() if p.is_file())
@@ -153,7 +157,7 @@ def verify(folder: Path, key: dict[str, Any]) -> str | None:
             return f"{name} is missing"
         if path.stat().st_size != meta.get("size"):
             return f"{name} has {path.stat().st_size} bytes, the manifest says {meta.get('size')}"
-        if _sha256(path) != meta.get("sha256"):
+        if file_sha256(path) != meta.get("sha256"):
             return f"{name} does not match its sha256 in the manifest"
     return None
 
@@ -306,6 +310,8 @@ def build(files: ModelFiles, key: dict[str, Any], folder: Path, calib: str | lis
         report = awq_quantize(model, calibration.tokens, awq, progress=progress, device=device)
         quantize_s = time.monotonic() - t0
         save_awq(model, model.config, tokenizer_files(files, tmp / ".tokenizer"), tmp)
+        if report.rotated_down:
+            hadamard.save(tmp, report.rotated_down, report.down_diag, report.down_block)
         shutil.rmtree(tmp / ".tokenizer", ignore_errors=True)
         manifest = {
             "key": key,
@@ -315,13 +321,14 @@ def build(files: ModelFiles, key: dict[str, Any], folder: Path, calib: str | lis
                          "search_dtype": str(awq.search_dtype or dtype).removeprefix("torch."),
                          "search_samples": awq.search_samples, "n_grid": awq.n_grid,
                          "duo_scaling": awq.duo_scaling, "clip": awq.clip, "rotated": report.rotated,
-                         "gptq": awq.gptq, "act_order": awq.act_order, "refit_scales": awq.refit_scales},
+                         "gptq": awq.gptq, "act_order": awq.act_order, "refit_scales": awq.refit_scales,
+                         "hadamard_down_block": report.down_block},
             "calibration": calibration.description,
             "alphas": [layer.alphas for layer in report.layers],
             "timing": {"quantize_s": round(quantize_s, 1), "total_s": round(time.monotonic() - start, 1),
                        "device": str(device), "threads": torch.get_num_threads()},
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "files": {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
+            "files": {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
                       for p in sorted(tmp.iterdir()) if p.is_file()},
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
