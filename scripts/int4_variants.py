@@ -89,6 +89,8 @@ def main() -> None:
     for part in args.variant.split("+"):
         if part.startswith("vrot"):
             rotate_values(model, int(part[4:] or 1))
+        elif part.startswith("hdg"):  # the rotated down_proj's own group size
+            settings.hadamard_group = int(part[3:])
         elif part.startswith("hd"):  # the shipped runtime rotation (models/quantize/hadamard.py), AWQ scale kept
             settings.hadamard_down = int(part[2:] or 256)
         elif part == "nohd":

@@ -90,6 +90,7 @@ class AWQSettings:
     # a block, 0: not), kept beside the standard weights for a runtime that rotates (Parley's).
     hadamard_down: int = 0
     hadamard_seed: int = 0
+    hadamard_group: int | None = None  # the rotated down_proj's group size (its own file); None: group_size
 
 
 @dataclass
@@ -365,7 +366,8 @@ def awq_layer(block: nn.Module, x: Tensor, run: LayerRunner, settings: AWQSettin
         down_x = next((g.x for g in groups if g.name == "down"), None)
         if down_x is None:
             down_x = next(x_in for lin, x_in in loose if lin is block.mlp.down_proj)
-        rotated_down = quantize_rotated(block.mlp.down_proj.weight.data, down_x, *down_rotation, group_size, settings)
+        rotated_down = quantize_rotated(block.mlp.down_proj.weight.data, down_x, *down_rotation,
+                                        settings.hadamard_group or group_size, settings)
     for group in groups:
         h = gram(group.x) if settings.gptq or settings.refit_scales else None
         for lin in group.linears:
