@@ -31,7 +31,7 @@ def test_json_has_every_model(tmp_path, capsys, monkeypatch):
     awq = out["results"]["awq_int4"]
     # g64: 4 bits + an fp16 scale and a 4-bit zero per 64 weights
     assert awq["bits_per_weight"] == out["results"]["rtn_int4"]["bits_per_weight"] == 4 + 20 / 64
-    assert awq["method"] == "rotate+awq-no-down-scale+gptq+refit+hadamard-down256"
+    assert awq["method"] == "rotate+awq-no-down-scale+clip-qk+gptq+refit+hadamard-down256"
     agreement = awq["greedy_agreement"]
     assert len(agreement["prompts"]) == 4 and 0 <= agreement["worst"] <= agreement["median"] <= 4
     for r in out["results"].values():
@@ -46,7 +46,7 @@ def test_the_standard_down_proj_is_named_when_the_rotation_is_off(tmp_path, caps
     out = run_bench(tmp_path, capsys, monkeypatch, "--chunk", "64", "--group-size", "64", "--calib", "builtin",
                     "--samples", "4", "--seq-len", "32", "--agreement-tokens", "0")
     method = out["results"]["awq_int4"]["method"]
-    assert method == "rotate+awq-no-down-scale+gptq+refit (standard down_proj: rotation off)"
+    assert method == "rotate+awq-no-down-scale+clip-qk+gptq+refit (standard down_proj: rotation off)"
 
 
 def test_kv_cache_mode_scores_each_cache_type_against_fp(tmp_path, capsys, monkeypatch):

@@ -19,6 +19,7 @@ def test_each_method_gets_its_own_folder(tmp_path, monkeypatch):
                "rotate+awq+gptq+refit": AWQSettings(rotate=True, gptq=True, refit_scales=True),
                "rotate+awq-no-down-scale+gptq+refit": AWQSettings(rotate=True, gptq=True, refit_scales=True,
                                                                   scale_down=False),
+               "rotate+awq+clip-qk+gptq": AWQSettings(rotate=True, gptq=True, clip_qk=True),
                "rotate+awq+gptq+refit+hadamard-down256": AWQSettings(rotate=True, gptq=True, refit_scales=True,
                                                                      hadamard_down=256)}
     for settings in methods.values():
@@ -30,5 +31,6 @@ def test_each_method_gets_its_own_folder(tmp_path, monkeypatch):
 
 def test_the_first_run_method_is_in_the_key():
     s = cache.first_run_settings(64, torch.device("cpu"))
-    assert cache.method_name(s) == "rotate+awq-no-down-scale+gptq+refit+hadamard-down256"
+    assert cache.method_name(s) == "rotate+awq-no-down-scale+clip-qk+gptq+refit+hadamard-down256"
     assert s.rotate and s.gptq and s.refit_scales and not s.scale_down and not s.act_order and s.hadamard_down == 256
+    assert s.clip and s.clip_qk

@@ -66,12 +66,12 @@ def default_calibration_size(device: torch.device) -> tuple[int, int]:
 
 
 def first_run_settings(group_size: int, device: torch.device) -> AWQSettings:
-    """The quantization a first run ships: AWQ scales on a rotated residual stream, rounded with GPTQ, scales
-    refit, and down_proj also quantized on its input rotated at run time (hadamard.py), which is why it gets no
-    AWQ scale: measured with and without, over three seeds, unscaled was better (README, "INT4 quality", for
-    what each step buys and what did not pay)."""
+    """The quantization a first run ships: AWQ scales on a rotated residual stream, every linear clipped (q and
+    k too), rounded with GPTQ, scales refit, and down_proj also quantized on its input rotated at run time
+    (hadamard.py), which is why it gets no AWQ scale: measured with and without, over three seeds, unscaled
+    was better (README, "INT4 quality", for what each step buys and what did not pay)."""
     awq = AWQSettings(group_size=group_size, rotate=True, gptq=True, refit_scales=True, scale_down=False,
-                      hadamard_down=hadamard.BLOCK)
+                      clip_qk=True, hadamard_down=hadamard.BLOCK)
     if device.type == "cpu":  # minutes, not an hour: see AWQSettings for what these trade
         awq.search_samples = 8
         if fast_cpu_bf16():
@@ -81,7 +81,7 @@ def first_run_settings(group_size: int, device: torch.device) -> AWQSettings:
 
 def method_name(awq: AWQSettings) -> str:
     """What the cache key and manifest call the method: a folder built by another method is never reused."""
-    steps = (["rotate"] * awq.rotate + ["awq" if awq.scale_down else "awq-no-down-scale"]
+    steps = (["rotate"] * awq.rotate + ["awq" if awq.scale_down else "awq-no-down-scale"] + ["clip-qk"] * awq.clip_qk
              + ["gptq-act-order" if awq.act_order else "gptq"] * awq.gptq)
     steps += ["refit"] * awq.refit_scales + [f"hadamard-down{awq.hadamard_down}"] * bool(awq.hadamard_down)
     return "+".join(steps)
@@ -320,7 +320,8 @@ def build(files: ModelFiles, key: dict[str, Any], folder: Path, calib: str | lis
                          "group_size_note": _group_note(report.requested_group_size, report.group_size),
                          "search_dtype": str(awq.search_dtype or dtype).removeprefix("torch."),
                          "search_samples": awq.search_samples, "n_grid": awq.n_grid,
-                         "duo_scaling": awq.duo_scaling, "clip": awq.clip, "rotated": report.rotated,
+                         "duo_scaling": awq.duo_scaling, "clip": awq.clip, "clip_qk": awq.clip_qk,
+                         "rotated": report.rotated,
                          "gptq": awq.gptq, "act_order": awq.act_order, "refit_scales": awq.refit_scales,
                          "hadamard_down_block": report.down_block},
             "calibration": calibration.description,
