@@ -5,7 +5,8 @@ once, fp head), on `assets/heldout` and GPL-3: how the README's "INT4 quality" r
 
 VARIANT joins with `+` any of: `base` (the shipped first-run method, with its rotated down_proj), `nohd` (the
 standard folder's down_proj alone, what transformers runs), `hd<BLOCK>` (the runtime rotation of down_proj's input
-with blocks of BLOCK: models/quantize/hadamard.py; 256 ships), `downscale` (an AWQ scale for down_proj too, as
+with blocks of BLOCK: models/quantize/hadamard.py; 256 ships), `hdg<SIZE>` (the rotated down_proj's own group
+size; measured, not shipped), `downscale` (an AWQ scale for down_proj too, as
 shipped before issue 21's fifth round), `nodownscale` (none: shipped), `vrot[SEED]` (each attention head's values
 rotated by one orthogonal matrix, folded into v_proj's rows and o_proj's columns: an offline, exact change),
 `rs<SEED>` (the residual rotation's seed), `g<SIZE>` (the group size; 64 ships). (The second round's `had<BLOCK>`,
