@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .quantize.cache import file_sha256
+
 log = logging.getLogger(__name__)
 
 FORMAT = "parley-native-pack-1"
@@ -62,14 +64,6 @@ def _paths(folder: Path, key: str) -> tuple[Path, Path]:
     return folder / f"native-{key}.safetensors", folder / f"native-{key}.json"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def load(folder: Path, key: str) -> dict[str, Tensor] | None:
     """The packed tensors, memory-mapped (pages are read as the step touches them); None when there is no
     complete, intact file for `key` (the caller then packs and `save`s)."""
@@ -78,7 +72,7 @@ def load(folder: Path, key: str) -> dict[str, Tensor] | None:
         meta = json.loads(manifest.read_text())
         if meta.get("format") != FORMAT or meta.get("key") != key:
             raise ValueError("its manifest is for another key")
-        if data.stat().st_size != meta["size"] or _sha256(data) != meta["sha256"]:
+        if data.stat().st_size != meta["size"] or file_sha256(data) != meta["sha256"]:
             raise ValueError("its size or sha256 differs from its manifest")
         return _mmap_safetensors(data)
     except FileNotFoundError:
@@ -125,7 +119,7 @@ def save(folder: Path, key: str, tensors: dict[str, Tensor]) -> None:
         os.close(fd)
         try:
             save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata={"format": FORMAT})
-            meta = {"format": FORMAT, "key": key, "size": os.path.getsize(tmp), "sha256": _sha256(Path(tmp))}
+            meta = {"format": FORMAT, "key": key, "size": os.path.getsize(tmp), "sha256": file_sha256(Path(tmp))}
             os.replace(tmp, data)
         finally:
             if os.path.exists(tmp):

@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from parley.engine.engine import Engine
 from parley.kernels import native
 from parley.models import native_cache
+from parley.models.quantize.cache import file_sha256
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native step unavailable: {native.why_unavailable()}")
 
@@ -91,7 +92,7 @@ def test_a_damaged_layout_is_ignored_and_repacked(source, monkeypatch, damage):
         tensors[name] = tensors[name][:1].clone()
         save_file(tensors, str(data))
         meta = json.loads(manifest.read_text())
-        meta.update(size=data.stat().st_size, sha256=native_cache._sha256(data))
+        meta.update(size=data.stat().st_size, sha256=file_sha256(data))
         manifest.write_text(json.dumps(meta))
     again = load(source)
     assert torch.equal(logits(again), want), damage
