@@ -155,6 +155,17 @@ class KVCache(nn.Module):
         return dequantize_int4_groups(t, getattr(self, f"vs{layer}"), getattr(self, f"vm{layer}"))
 
 
+class SequenceCache:
+    """Stands in for the KV cache while the model runs on whole sequences (calibration, distillation):
+    attention reads the keys and values of this call only, over a window of the sequence's length."""
+
+    def __init__(self, window: int = 0) -> None:
+        self.window = window
+
+    def update(self, layer: int, pos: Tensor, k: Tensor, v: Tensor, *_window: int) -> tuple[Tensor, Tensor]:
+        return k, v
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -282,7 +293,9 @@ class MLP(nn.Module):
         gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
         h = gate * self.up_proj(x)
         if self.down_diag is not None:
-            h = block_hadamard(h * self.down_diag.to(h.dtype), self.down_hadamard, matmul=h.is_cuda)
+            # one product by the matrix on a GPU (each butterfly stage would be three tiny kernels) and when
+            # differentiating (models/quantize/distill.py: eight stages cost more to go back through)
+            h = block_hadamard(h * self.down_diag.to(h.dtype), self.down_hadamard, matmul=h.is_cuda or h.requires_grad)
         return self.down_proj(h)
 
 

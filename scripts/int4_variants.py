@@ -9,11 +9,13 @@ with blocks of BLOCK: models/quantize/hadamard.py; 256 ships), `hdg<SIZE>` (the 
 size; measured, not shipped), `downscale` (an AWQ scale for down_proj too, as
 shipped before issue 21's fifth round), `nodownscale` (none: shipped), `vrot[SEED]` (each attention head's values
 rotated by one orthogonal matrix, folded into v_proj's rows and o_proj's columns: an offline, exact change),
-`rs<SEED>` (the residual rotation's seed), `g<SIZE>` (the group size; 64 ships). (The second round's `had<BLOCK>`,
+`rs<SEED>` (the residual rotation's seed), `g<SIZE>` (the group size; 64 ships), `nodistill` (no end-to-end
+distillation of the scales and norms: models/quantize/distill.py, shipped in issue 21's sixth round), `de<EPOCHS>`
+(its passes over the calibration sequences; 2 ship). (The second round's `had<BLOCK>`,
 the same rotation before it shipped, is `nodownscale+hd<BLOCK>` now, with other signs.) Prints one JSON line
 (perplexities with fp activations, and `*_act8` with every linear's input rounded to int8 in blocks as the native
 step rounds it; the quantization's CPU seconds; the fp logits' change from the variant's folds) and appends it to
-/tmp/int4_variants.jsonl. One thread, ~2-3 minutes of CPU per variant.
+/tmp/int4_variants.jsonl. One thread, ~4-5 minutes of CPU per variant (the distillation is half of it).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from torch import Tensor
 from parley.app.bench.quality import HELDOUT_DIR, dequantized, perplexity
 from parley.models.loading import load_model
 from parley.models.quantize import awq, hadamard
-from parley.models.quantize.cache import first_run_settings
+from parley.models.quantize.cache import DISTILL_SAMPLES, evenly, first_run_settings
 from parley.models.quantize.calibration import builtin_files, load_calibration
 from parley.models.quantize.int4_linear import decoder_linears
 from parley.models.quantize.rotate import random_rotation
@@ -102,14 +104,18 @@ def main() -> None:
             settings.scale_down = True
         elif part.startswith("g") and part[1:].isdigit():
             settings.group_size = int(part[1:])
+        elif part == "nodistill":
+            settings.distill = None
+        elif part.startswith("de"):  # the distillation's passes over its calibration sequences
+            settings.distill.epochs = float(part[2:])
         elif part.startswith("rs"):
             settings.rotation_seed = int(part[2:])
         elif part != "base":
             raise SystemExit(f"unknown variant part {part!r}")
     fp_change = (logits(texts["heldout"][0]) - before).abs().max().item()
-    calibration = load_calibration(tok.encode, 32, 256, "builtin")
+    calibration = load_calibration(tok.encode, 32 * (DISTILL_SAMPLES if settings.distill else 1), 256, "builtin")
     cpu = time.process_time()
-    report = awq.awq_quantize(model, calibration.tokens, settings)
+    report = awq.awq_quantize(model, evenly(calibration.tokens, 32), settings, distill_tokens=calibration.tokens)
     if report.rotated_down:
         hadamard.install(model, report.rotated_down, report.down_diag, report.down_block)
     result = {"variant": args.variant, "quantize_cpu_s": round(time.process_time() - cpu, 1),

@@ -270,6 +270,22 @@ MUTANTS: list[Mutant] = [
            "        if rotated_down:\n",
            "        if False:\n",
            ("tests/test_native_layout_cache.py",)),
+    Mutant("distill-rest-outcome-dropped", "models/quantize/distill.py",
+           "(logp - mine_k)).sum(-1) + rest.exp() * (rest - mine_rest)",
+           "(logp - mine_k)).sum(-1)",
+           ("tests/test_distill_kl_is_the_coarsened_kl.py",)),
+    Mutant("distill-scales-not-stored", "models/quantize/distill.py",
+           "            tuned.store()\n",
+           "            pass\n",
+           ("tests/test_distill_tunes_scales_and_norms_only.py",)),
+    Mutant("distill-standard-down-tuned", "models/quantize/awq.py",
+           "    if report.rotated_down:\n        hadamard.install(",
+           "    if False:\n        hadamard.install(",
+           ("tests/test_distill_tunes_scales_and_norms_only.py",)),
+    Mutant("rotated-gram-unsigned", "models/quantize/hadamard.py",
+           "hd = h.double() * diag.double()[:, None] * diag.double()[None, :]",
+           "hd = h.double() * diag.double()[:, None].abs() * diag.double()[None, :].abs()",
+           ("tests/test_down_hadamard_rotation_is_exact.py::test_the_rotated_gram_matrix_is_the_gram_matrix_of_the_rotated_inputs",)),
 ]
 
 

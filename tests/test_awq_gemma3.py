@@ -82,7 +82,7 @@ def test_the_method_named_is_the_one_applied():
     settings.search_samples = 2
     report = awq_quantize(gemma_outlier_model(), tokens(2, 32), settings)
     named = applied_method({"method": method_name(settings), "rotated": report.rotated})
-    assert method_name(settings) == "rotate+awq-no-down-scale+clip-qk+gptq+refit+hadamard-down256"
+    assert method_name(settings) == "rotate+awq-no-down-scale+clip-qk+gptq+refit+hadamard-down256+distill"
     assert not report.rotated
-    assert named == "awq-no-down-scale+clip-qk+gptq+refit+hadamard-down256"
+    assert named == "awq-no-down-scale+clip-qk+gptq+refit+hadamard-down256+distill"
     assert applied_method({"method": "rotate+awq+gptq", "rotated": True}) == "rotate+awq+gptq"

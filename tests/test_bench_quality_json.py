@@ -31,7 +31,7 @@ def test_json_has_every_model(tmp_path, capsys, monkeypatch):
     awq = out["results"]["awq_int4"]
     # g64: 4 bits + an fp16 scale and a 4-bit zero per 64 weights
     assert awq["bits_per_weight"] == out["results"]["rtn_int4"]["bits_per_weight"] == 4 + 20 / 64
-    assert awq["method"] == "rotate+awq-no-down-scale+clip-qk+gptq+refit+hadamard-down256"
+    assert awq["method"] == "rotate+awq-no-down-scale+clip-qk+gptq+refit+hadamard-down256+distill"
     agreement = awq["greedy_agreement"]
     assert len(agreement["prompts"]) == 4 and 0 <= agreement["worst"] <= agreement["median"] <= 4
     for r in out["results"].values():

@@ -14,6 +14,7 @@ from torch import nn
 from parley.kernels import native
 from parley.models.native_step import NativeStep
 from parley.models.quantize import hadamard
+from parley.models.quantize.awq import gram
 from parley.models.quantize.int4_linear import Int4Linear
 from parley.models.quantize.rotate import hadamard as sylvester
 from parley.models.transformer import block_hadamard
@@ -110,3 +111,15 @@ def test_the_native_step_rotates_an_int4_down_proj_as_pytorch_does():
         layer.mlp.down_diag = None
     unrotated = logits_in_chunks(model, ids, [40], "fp")
     assert ((unrotated - ref).norm() / ref.norm()).item() > 0.2, f"seed {seed}"
+
+
+def test_the_rotated_gram_matrix_is_the_gram_matrix_of_the_rotated_inputs():
+    """awq.quantize_rotated calibrates the rotated down_proj on R^T G R of the plain inputs' Gram matrix G
+    instead of a second pass over every token: the same matrix."""
+    seed = 21
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(300, 512, generator=g) * torch.rand(512, generator=g) * 3
+    diag = hadamard.rotation_diag(512, 256, seed)
+    direct = gram(hadamard.rotate_input(x, diag, 256))
+    torch.testing.assert_close(hadamard.rotate_gram(gram(x), diag, 256), direct, atol=1e-4, rtol=1e-5,
+                               msg=f"seed {seed}")

@@ -7,6 +7,7 @@ from awq_tiny import outlier_model, write_hf_dir
 
 from parley.models.quantize import cache
 from parley.models.quantize.awq import AWQSettings
+from parley.models.quantize.distill import DistillSettings
 from parley.models.resolve import resolve
 
 
@@ -21,7 +22,9 @@ def test_each_method_gets_its_own_folder(tmp_path, monkeypatch):
                                                                   scale_down=False),
                "rotate+awq+clip-qk+gptq": AWQSettings(rotate=True, gptq=True, clip_qk=True),
                "rotate+awq+gptq+refit+hadamard-down256": AWQSettings(rotate=True, gptq=True, refit_scales=True,
-                                                                     hadamard_down=256)}
+                                                                     hadamard_down=256),
+               "rotate+awq+gptq+refit+hadamard-down256+distill": AWQSettings(
+                   rotate=True, gptq=True, refit_scales=True, hadamard_down=256, distill=DistillSettings())}
     for settings in methods.values():
         monkeypatch.setattr(cache, "first_run_settings", lambda group_size, device, s=settings: s)
         cache.ensure_quantized(source, group_size=32, calib="builtin", n_samples=2, seq_len=16, device="cpu")
@@ -31,6 +34,6 @@ def test_each_method_gets_its_own_folder(tmp_path, monkeypatch):
 
 def test_the_first_run_method_is_in_the_key():
     s = cache.first_run_settings(64, torch.device("cpu"))
-    assert cache.method_name(s) == "rotate+awq-no-down-scale+clip-qk+gptq+refit+hadamard-down256"
+    assert cache.method_name(s) == "rotate+awq-no-down-scale+clip-qk+gptq+refit+hadamard-down256+distill"
     assert s.rotate and s.gptq and s.refit_scales and not s.scale_down and not s.act_order and s.hadamard_down == 256
-    assert s.clip and s.clip_qk
+    assert s.clip and s.clip_qk and s.distill is not None

@@ -22,7 +22,9 @@ import torch
 from torch import Tensor, nn
 
 from ..progress import Progress, ProgressFn
+from ..transformer import SequenceCache
 from . import hadamard
+from .distill import DistillReport, DistillSettings, Targets, distill, teacher_targets
 from .gptq import gptq_round, refit_scales
 from .int4_linear import Int4Linear, decoder_linears
 from .pack import Bounds, clip, fake_quantize, group_params, quantize_int
@@ -59,6 +61,8 @@ class AWQSettings:
 
     group_size: int = 128
     n_grid: int = 20  # alpha in 0, 1/n_grid, ..., (n_grid-1)/n_grid
+    awq_scales: bool = True  # search AWQ's per-channel scales at all (off: QuaRot's recipe, clipping kept)
+    alpha_grid: int | None = None  # the scale search's own grid (None: n_grid, which the clipping search keeps)
     duo_scaling: bool = False  # s = mean|x|^a / mean|w|^(1-a) (AutoAWQ's default) instead of mean|x|^a
     clip: bool = True
     # Clip q_proj and k_proj too. AutoAWQ does not (their own output error is a poor proxy through the
@@ -94,6 +98,10 @@ class AWQSettings:
     hadamard_down: int = 0
     hadamard_seed: int = 0
     hadamard_group: int | None = None  # the rotated down_proj's group size (its own file); None: group_size
+    # Finally tune the group scales and norm weights end to end towards the fp model's next-token
+    # distribution (distill.py), in `distill_dtype` (None: the model's); None: not.
+    distill: DistillSettings | None = None
+    distill_dtype: torch.dtype | None = None
 
 
 @dataclass
@@ -114,16 +122,7 @@ class AWQReport:
     rotated_down: dict[int, Int4Linear] = field(default_factory=dict)
     down_diag: Tensor | None = None
     down_block: int = 0
-
-
-class _SequenceCache:
-    """Stands in for the KV cache while a layer runs on whole calibration sequences: attention reads the
-    keys and values of this call only."""
-
-    window = 0
-
-    def update(self, layer: int, pos: Tensor, k: Tensor, v: Tensor, *_window: int) -> tuple[Tensor, Tensor]:
-        return k, v
+    distill: DistillReport | None = None
 
 
 class LayerRunner:
@@ -141,7 +140,7 @@ class LayerRunner:
             angles = torch.cat((angles, angles), dim=-1)[:, None]  # [1, 1, T, D], as Transformer.forward
             self.rope[w] = angles.cos().to(dtype), angles.sin().to(dtype)
             self.masks[w] = (causal.triu(1 - w) if w else causal)[None, None]
-        self.pos, self.cache, self.chunk = positions, _SequenceCache(), chunk
+        self.pos, self.cache, self.chunk = positions, SequenceCache(), chunk
 
     @classmethod
     def like(cls, other: LayerRunner, dtype: torch.dtype) -> LayerRunner:
@@ -226,6 +225,12 @@ def gram(x: Tensor, group_size: int | None = None) -> Tensor:
     return total / x.shape[0]
 
 
+def group_blocks(h: Tensor, group_size: int) -> Tensor:
+    """The diagonal blocks [in/group, group, group] of a Gram matrix h [in, in]: each input group's own."""
+    n = h.shape[0] // group_size
+    return h.reshape(n, group_size, n, group_size).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
+
+
 def weight_error(d: Tensor, c: Tensor) -> float:
     """Mean squared output error of weight error d [out, in] on inputs with Gram matrix c [in, in] (the
     product in c's dtype, the sum in fp32)."""
@@ -259,8 +264,9 @@ def search_scale(group: ScaleGroup, masters: list[Tensor], settings: AWQSettings
         reference = group.inspect(x)
     originals = [lin.weight.data for lin in group.linears]
     best_loss, best_alpha, best_s = float("inf"), 0.0, torch.ones_like(x_mean)
-    for i in range(settings.n_grid):
-        alpha = i / settings.n_grid
+    n_alpha = settings.alpha_grid or settings.n_grid
+    for i in range(n_alpha):
+        alpha = i / n_alpha
         if settings.duo_scaling:
             s = (x_mean.pow(alpha) / (w_mean.pow(1 - alpha) + 1e-4)).clamp(min=1e-4)
         else:
@@ -299,18 +305,19 @@ def fold_scale(group: ScaleGroup, s: Tensor) -> None:
 
 
 @torch.no_grad()
-def search_clip(w: Tensor, x: Tensor, group_size: int, settings: AWQSettings) -> tuple[Tensor, Tensor]:
+def search_clip(w: Tensor, h: Tensor, group_size: int, settings: AWQSettings) -> tuple[Tensor, Tensor]:
     """Per (output row, input group) the clipping range that minimises the mean squared error of that
     group's contribution to the output over all calibration tokens -> (low, high), each [out, in/group].
 
     Candidates: AutoAWQ's symmetric [-m, m] with m = max|w| * (1 - i/n_grid), and the group's own
     [min, max] shrunk by the same factors (better for groups whose min and max differ in size). The error
     of row o, group g is d C_g d^T with d the row's weight error in that group and C_g the group's input
-    Gram matrix, so no per-token partial outputs are materialised.
+    Gram matrix (the diagonal blocks of the inputs' Gram matrix h [in, in]: `gram`), so no per-token partial
+    outputs are materialised.
     """
     out_f, in_f = w.shape
     n_groups = in_f // group_size
-    c = gram(x, group_size)  # [G, g, g]
+    c = group_blocks(h.float(), group_size)  # [G, g, g]
     lows, highs = [], []
     for rows in w.float().split(4096):
         wg = rows.reshape(rows.shape[0], n_groups, group_size)
@@ -342,7 +349,7 @@ def awq_layer(block: nn.Module, x: Tensor, run: LayerRunner, settings: AWQSettin
     out, feats = capture_inputs(block, x, run)
     groups = scale_groups(block, feats, run, settings.scale_down)
     search_dtype = settings.search_dtype or x.dtype
-    if search_dtype != x.dtype:  # search on a copy of the layer in search_dtype, fold into the real one
+    if search_dtype != x.dtype and settings.awq_scales:  # search on a copy in search_dtype, fold into the real one
         work = deepcopy(block).to(search_dtype)
         search_run = LayerRunner.like(run, search_dtype)
         search_groups = scale_groups(work, {k: v.to(search_dtype) for k, v in feats.items()}, search_run,
@@ -358,6 +365,8 @@ def awq_layer(block: nn.Module, x: Tensor, run: LayerRunner, settings: AWQSettin
     del feats
     alphas = {}
     for group, search_group in zip(groups, search_groups, strict=True):
+        if not settings.awq_scales:  # the linears keep their input scale; clipping, GPTQ and the rest still run
+            continue
         masters = [lin.weight.data for lin in group.linears]
         s, alphas[group.name] = search_scale(search_group, masters, settings, group_size)
         fold_scale(group, s)
@@ -369,33 +378,35 @@ def awq_layer(block: nn.Module, x: Tensor, run: LayerRunner, settings: AWQSettin
         down_x = next((g.x for g in groups if g.name == "down"), None)
         if down_x is None:
             down_x = next(x_in for lin, x_in in loose if lin is block.mlp.down_proj)
-        rotated_down = quantize_rotated(block.mlp.down_proj.weight.data, down_x, *down_rotation,
+        down_gram = gram(down_x)
+        rotated_down = quantize_rotated(block.mlp.down_proj.weight.data, down_gram, *down_rotation,
                                         settings.hadamard_group or group_size, settings)
     for group in groups:
-        h = gram(group.x) if settings.gptq or settings.refit_scales else None
+        # one Gram matrix per shared input: the clipping search, GPTQ and the refit read it
+        h = down_gram if group.name == "down" and rotated_down is not None else gram(group.x)
         for lin in group.linears:
             # q and k feed a softmax: the error of their own outputs is a poor proxy, so AutoAWQ does not clip
             # them (clip_qk: Parley's first run does).
             qk = lin in (block.self_attn.q_proj, block.self_attn.k_proj)
             clipped = settings.clip and (settings.clip_qk or not qk)
-            bound = search_clip(lin.weight.data, group.x, group_size, settings) if clipped else None
+            bound = search_clip(lin.weight.data, h, group_size, settings) if clipped else None
             replace_module(block, lin, quantize_linear(lin, h, group_size, bound, settings))
         group.x = torch.empty(0)
     for lin, x_in in loose:
-        bound = search_clip(lin.weight.data, x_in, group_size, settings) if settings.clip else None
-        h = gram(x_in) if settings.gptq or settings.refit_scales else None
+        h = down_gram if lin is block.mlp.down_proj and rotated_down is not None else gram(x_in)
+        bound = search_clip(lin.weight.data, h, group_size, settings) if settings.clip else None
         replace_module(block, lin, quantize_linear(lin, h, group_size, bound, settings))
     return out, alphas, rotated_down
 
 
-def quantize_rotated(w: Tensor, x: Tensor, diag: Tensor, block: int, group_size: int,
+def quantize_rotated(w: Tensor, h: Tensor, diag: Tensor, block: int, group_size: int,
                      settings: AWQSettings) -> Int4Linear:
-    """down_proj's weight w on input x, both rotated (hadamard.py), clipped and rounded as a lone linear."""
+    """down_proj's weight w on inputs whose Gram matrix is h, both rotated (hadamard.py), clipped and rounded as
+    a lone linear."""
     lin = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
     lin.weight.data = hadamard.rotate_weight(w, diag, block).to(w.dtype)
-    xr = hadamard.rotate_input(x, diag.to(x.device), block)
-    bound = search_clip(lin.weight.data, xr, group_size, settings) if settings.clip else None
-    h = gram(xr) if settings.gptq or settings.refit_scales else None
+    h = hadamard.rotate_gram(h, diag.to(h.device), block)
+    bound = search_clip(lin.weight.data, h, group_size, settings) if settings.clip else None
     return quantize_linear(lin, h, group_size, bound, settings)
 
 
@@ -403,7 +414,7 @@ def quantize_linear(lin: nn.Linear, h: Tensor | None, group_size: int, bound: Bo
                     settings: AWQSettings) -> Int4Linear:
     """The INT4 module of a scaled linear: GPTQ-rounded on inputs with Gram matrix h, or rounded to nearest;
     its scales then refit on h when the settings say so."""
-    if h is None and not settings.refit_scales:
+    if h is None or not (settings.gptq or settings.refit_scales):
         return Int4Linear.from_linear(lin, group_size, bound)
     w = lin.weight.data
     if settings.gptq:
@@ -428,22 +439,31 @@ def replace_module(root: nn.Module, old: nn.Module, new: nn.Module) -> None:
 @torch.no_grad()
 def awq_quantize(model: nn.Module, tokens: Tensor, settings: AWQSettings | None = None, *,
                  progress: ProgressFn | None = None, device: torch.device | str | None = None,
-                 quantize: bool = True) -> AWQReport:
+                 quantize: bool = True, distill_tokens: Tensor | None = None) -> AWQReport:
     """Quantize `model`'s decoder linears in place with AWQ, calibrated on `tokens` [N, T].
 
-    Each layer is moved to `device` (default: where the model is) while it is worked on, then back.
-    quantize=False folds the searched scales but leaves the weights in floating point (for testing that
-    folding preserves the model).
+    Each layer is moved to `device` (default: where the model is) while it is worked on, then back; the
+    distillation (settings.distill), which needs the whole model at once, moves it there for its own steps.
+    It draws from `distill_tokens` [M, T] (default: `tokens`). quantize=False folds the searched scales but
+    leaves the weights in floating point (for testing that folding preserves the model).
     """
     settings = settings or AWQSettings()
     group_size = model_group_size(model, settings.group_size)
     report = AWQReport(group_size=group_size, requested_group_size=settings.group_size)
     home = model.norm.weight.device
     device = torch.device(device) if device is not None else home
+    dtype = model.norm.weight.dtype
+    targets = None
+    if settings.distill and quantize:  # the fp model's answers, before anything changes it
+        if progress:
+            progress(Progress("quantize", 0, 0, "layer", "the fp model's answers on the calibration text"))
+        distill_tokens = (tokens if distill_tokens is None else distill_tokens).to(device)
+        targets = teacher_targets(model.to(device), distill_tokens, settings.distill.top_k,
+                                  settings.distill_dtype or dtype)
+        model.to(home)
     if settings.rotate and rotatable(model):
         rotate_model(model, settings.rotation_seed)
         report.rotated = True
-    dtype = model.norm.weight.dtype
     down_rotation = None
     if settings.hadamard_down and quantize:
         inter = model.config.intermediate_size
@@ -472,8 +492,33 @@ def awq_quantize(model: nn.Module, tokens: Tensor, settings: AWQSettings | None 
             elapsed = time.monotonic() - start
             eta = elapsed / (i + 1) * (n - i - 1)
             progress(Progress("quantize", i + 1, n, "layer", f"layer {i + 1}/{n}, ETA {eta:.0f}s", eta))
+    del x
+    if targets is not None and settings.distill:
+        with torch.enable_grad():
+            report.distill = distill_model(model, report, distill_tokens, targets, settings, device, progress)
     report.seconds = time.monotonic() - start
     return report
+
+
+def distill_model(model: nn.Module, report: AWQReport, tokens: Tensor, targets: Targets,
+                  settings: AWQSettings, device: torch.device, progress: ProgressFn | None) -> DistillReport:
+    """Distill the quantized model as Parley runs it: with its rotated down_proj in place when there is one
+    (the standard folder's down_proj keeps its refit scales; the norms tuned here serve both)."""
+    home = model.norm.weight.device
+    standard = {i: model.layers[i].mlp.down_proj for i in report.rotated_down}
+    if report.rotated_down:
+        hadamard.install(model, report.rotated_down, report.down_diag, report.down_block)
+    try:
+        model.to(device)
+        return distill(model, tokens, targets, settings.distill, settings.distill_dtype or model.norm.weight.dtype,
+                       progress)
+    finally:
+        model.to(home)
+        for i, lin in standard.items():
+            mlp = model.layers[i].mlp
+            mlp.down_proj, mlp.down_diag, mlp.down_hadamard = lin, None, None
+        for lin in report.rotated_down.values():
+            lin.to(home)
 
 
 @torch.no_grad()

@@ -10,6 +10,7 @@ used: it is rebuilt, and the log says why.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import errno
 import hashlib
@@ -28,6 +29,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
+from torch import Tensor
 
 from ..errors import ModelLoadError
 from ..progress import Progress, ProgressFn
@@ -36,6 +38,7 @@ from . import hadamard
 from .awq import AWQSettings, awq_quantize
 from .calibration import calibration_key, load_calibration
 from .checkpoint import is_awq, save_awq
+from .distill import DistillSettings
 
 log = logging.getLogger("parley.quantize")
 
@@ -65,17 +68,30 @@ def default_calibration_size(device: torch.device) -> tuple[int, int]:
     return (128, 512) if device.type == "cuda" else (32, 256)
 
 
+# The distillation (distill.py) draws from this many times AWQ's calibration sequences: on the embedded
+# model 64 x 256 tokens did better than 32 (README, "INT4 quality"); AWQ calibrates on every other one.
+DISTILL_SAMPLES = 2
+
+
+def evenly(tokens: Tensor, n: int) -> Tensor:
+    """n of the sequences [N, T], evenly spaced (AWQ's share of the distillation's calibration)."""
+    return tokens[torch.linspace(0, len(tokens) - 1, n).round().long()] if len(tokens) > n else tokens
+
+
 def first_run_settings(group_size: int, device: torch.device) -> AWQSettings:
     """The quantization a first run ships: AWQ scales on a rotated residual stream, every linear clipped (q and
     k too), rounded with GPTQ, scales refit, and down_proj also quantized on its input rotated at run time
     (hadamard.py), which is why it gets no AWQ scale: measured with and without, over three seeds, unscaled
     was better (README, "INT4 quality", for what each step buys and what did not pay)."""
     awq = AWQSettings(group_size=group_size, rotate=True, gptq=True, refit_scales=True, scale_down=False,
-                      clip_qk=True, hadamard_down=hadamard.BLOCK)
-    if device.type == "cpu":  # minutes, not an hour: see AWQSettings for what these trade
-        awq.search_samples = 8
+                      clip_qk=True, hadamard_down=hadamard.BLOCK, distill=DistillSettings())
+    if device.type == "cuda":
+        awq.distill_dtype = torch.bfloat16  # the model is fp16 there; gradients want bf16's range
+    elif device.type == "cpu":  # minutes, not an hour: see AWQSettings for what these trade
+        # The distillation after it has the last word on every scale, so AWQ's own search can be coarse.
+        awq.search_samples, awq.alpha_grid = 4, 10
         if fast_cpu_bf16():
-            awq.search_dtype = torch.bfloat16
+            awq.search_dtype = awq.distill_dtype = torch.bfloat16
     return awq
 
 
@@ -84,6 +100,7 @@ def method_name(awq: AWQSettings) -> str:
     steps = (["rotate"] * awq.rotate + ["awq" if awq.scale_down else "awq-no-down-scale"] + ["clip-qk"] * awq.clip_qk
              + ["gptq-act-order" if awq.act_order else "gptq"] * awq.gptq)
     steps += ["refit"] * awq.refit_scales + [f"hadamard-down{awq.hadamard_down}"] * bool(awq.hadamard_down)
+    steps += ["distill"] * bool(awq.distill)
     return "+".join(steps)
 
 
@@ -304,10 +321,13 @@ def build(files: ModelFiles, key: dict[str, Any], folder: Path, calib: str | lis
         dtype = torch.float16 if device.type == "cuda" else torch.float32
         model = load_model(files, dtype=dtype, device="cpu")
         tok = load_tokenizer(files)
-        calibration = load_calibration(tok.encode, settings["n_samples"], settings["seq_len"], calib)
         awq = first_run_settings(settings["group_size"], device)
+        n = settings["n_samples"]
+        calibration = load_calibration(tok.encode, n * (DISTILL_SAMPLES if awq.distill else 1), settings["seq_len"],
+                                       calib)
         t0 = time.monotonic()
-        report = awq_quantize(model, calibration.tokens, awq, progress=progress, device=device)
+        report = awq_quantize(model, evenly(calibration.tokens, n), awq, progress=progress, device=device,
+                              distill_tokens=calibration.tokens)
         quantize_s = time.monotonic() - t0
         save_awq(model, model.config, tokenizer_files(files, tmp / ".tokenizer"), tmp)
         if report.rotated_down:
@@ -323,7 +343,9 @@ def build(files: ModelFiles, key: dict[str, Any], folder: Path, calib: str | lis
                          "duo_scaling": awq.duo_scaling, "clip": awq.clip, "clip_qk": awq.clip_qk,
                          "rotated": report.rotated,
                          "gptq": awq.gptq, "act_order": awq.act_order, "refit_scales": awq.refit_scales,
-                         "hadamard_down_block": report.down_block},
+                         "hadamard_down_block": report.down_block,
+                         "distill": report.distill and {**dataclasses.asdict(awq.distill),
+                                                        **dataclasses.asdict(report.distill)}},
             "calibration": calibration.description,
             "alphas": [layer.alphas for layer in report.layers],
             "timing": {"quantize_s": round(quantize_s, 1), "total_s": round(time.monotonic() - start, 1),
