@@ -29,6 +29,20 @@ from ..transformer import RMSNorm, SequenceCache
 from .int4_linear import Int4Linear, decoder_linears
 
 LOGITS_BUDGET = 1 << 28  # logits held at once for the backward pass (1 GiB in fp32)
+# Logits a step scores: with a large vocabulary the head and its softmax would outweigh the decoder (Gemma 3's
+# 262k x 640 head is 1.6x its layers), so a step scores evenly spaced positions of each sequence, up to this.
+SCORED_LOGITS = 1 << 26
+
+
+class _Positions(nn.Module):
+    """The output head applied to some positions only: [B, T, D] -> [B, len(positions), V]."""
+
+    def __init__(self, head: nn.Module, positions: Tensor) -> None:
+        super().__init__()
+        self.head, self.positions = head, positions
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(x[:, self.positions])
 
 
 @dataclass
@@ -158,8 +172,13 @@ def distill(model: nn.Module, tokens: Tensor, targets: Targets, settings: Distil
     rest = targets.rest()
     n = tokens.shape[0]
     steps = settings.steps(n)
-    vocab = model.config.vocab_size
-    micro = max(1, min(settings.batch, LOGITS_BUDGET // (tokens.shape[1] * vocab)))
+    vocab, t = model.config.vocab_size, tokens.shape[1]
+    scored = max(1, min(t, SCORED_LOGITS // (settings.batch * vocab)))
+    positions = torch.linspace(0, t - 1, scored, device=tokens.device).round().long()
+    micro = max(1, min(settings.batch, LOGITS_BUDGET // (scored * vocab)))
+    head = model.lm_head
+    if scored < t:
+        model.lm_head = _Positions(head, positions)
     gen = torch.Generator().manual_seed(settings.seed)
     order = torch.cat([torch.randperm(n, generator=gen)
                        for _ in range(max(1, math.ceil(steps * settings.batch / n)))])
@@ -174,7 +193,8 @@ def distill(model: nn.Module, tokens: Tensor, targets: Targets, settings: Distil
             for part in idx.split(micro):  # the logits of `micro` sequences at a time: a 262k vocabulary is large
                 with torch.autocast(tokens.device.type, dtype=dtype, enabled=dtype != torch.float32):
                     logits = forward(model, tokens[part])
-                loss = kl_top_k(logits, targets.logp[part], targets.index[part], rest[part]) * (len(part) / len(idx))
+                at = (part[:, None], positions[None, :])
+                loss = kl_top_k(logits, targets.logp[at], targets.index[at], rest[at]) * (len(part) / len(idx))
                 loss.backward()
                 kl += loss.item()
                 del logits, loss
@@ -186,6 +206,7 @@ def distill(model: nn.Module, tokens: Tensor, targets: Targets, settings: Distil
                 progress(Progress("quantize", step + 1, steps, "step",
                                   f"distilling {step + 1}/{steps}, ETA {eta:.0f}s", eta))
     finally:
+        model.lm_head = head
         for parent, name, tuned in swapped:
             tuned.store()
             setattr(parent, name, tuned.lin)
