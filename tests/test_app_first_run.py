@@ -47,6 +47,25 @@ async def _check_progress(app, pilot, gate, engine) -> None:
     assert "fake-smol-135m · INT4 (AWQ)" in str(app.status.render())
 
 
+async def test_the_distillation_steps_are_not_called_layers(tmp_path):
+    """After the layers, the first run distils its scales (models/quantize/distill.py) in steps: the screen
+    says so in the distillation's own words."""
+    gate = threading.Event()
+    engine = FakeEngine()
+    script = [*SCRIPT[:2], Progress("quantize", 5, 32, "step", "distilling the scales, step 5 of 32, ETA 20s", 20.0)]
+    app, _ = make_app(tmp_path, engine, load=loader(engine, script, block=gate))
+    async with app.run_test(size=(80, 24)) as pilot:
+        try:
+            await wait_until(lambda: isinstance(app.screen, LoadingScreen) and app.screen.query("#quantize-detail")
+                             and "distilling" in str(app.screen.query_one("#quantize-detail").render()))
+            detail = str(app.screen.query_one("#quantize-detail").render())
+            assert detail == "distilling the scales, step 5 of 32, ETA 20s", detail
+        finally:
+            gate.set()
+        await wait_until(lambda: app.engine is engine)
+        await pilot.pause()
+
+
 async def test_error_shows_what_to_do_and_retry_works(tmp_path):
     engine = FakeEngine()
     attempts = []

@@ -98,9 +98,12 @@ class LoadingScreen(Screen[None]):
         elif p.stage == "quantize":
             bar = self.query_one("#quantize-bar", ProgressBar)
             bar.update(total=p.total or None, progress=p.done)
-            detail = f"layer {int(p.done)} of {int(p.total)}" if p.total else (p.detail or "working…")
-            if p.eta_s is not None:
-                detail += f" · ETA {human_duration(p.eta_s)}"
+            if p.total and p.unit == "layer":
+                detail = f"layer {int(p.done)} of {int(p.total)}"
+                if p.eta_s is not None:
+                    detail += f" · ETA {human_duration(p.eta_s)}"
+            else:  # the distillation's steps, or a stage without a count: their own words, ETA included
+                detail = p.detail or "working…"
             self.query_one("#quantize-detail", Label).update(detail)
         else:
             self.query_one("#load-detail", Label).update(p.detail or f"{p.stage}…")

@@ -204,7 +204,7 @@ def distill(model: nn.Module, tokens: Tensor, targets: Targets, settings: Distil
                 elapsed = time.monotonic() - start
                 eta = elapsed / (step + 1) * (steps - step - 1)
                 progress(Progress("quantize", step + 1, steps, "step",
-                                  f"distilling {step + 1}/{steps}, ETA {eta:.0f}s", eta))
+                                  f"distilling the scales, step {step + 1} of {steps}, ETA {eta:.0f}s", eta))
     finally:
         model.lm_head = head
         for parent, name, tuned in swapped:
