@@ -208,8 +208,8 @@ def mse(a: Tensor, b: Tensor) -> float:
     return (a.float() - b.float()).pow(2).mean().item()
 
 
-def gram(x: Tensor, group_size: int | None = None) -> Tensor:
-    """X^T X / T of inputs x [..., in] in fp32: [in, in], or per input group [in/group, group, group].
+def gram(x: Tensor) -> Tensor:
+    """X^T X / T of inputs x [..., in] in fp32: [in, in] (each input group's own: `group_blocks`).
 
     The mean squared output error of a linear whose weight is off by D [out, in] is sum((D @ C) * D) / out
     with C = X^T X / T: exact, over every calibration token, without running the linear on them.
@@ -218,9 +218,7 @@ def gram(x: Tensor, group_size: int | None = None) -> Tensor:
     total = None
     for part in x.split(4096):  # accumulate in fp32 from any activation dtype, a bounded slice at a time
         p = part.float()
-        if group_size is not None:
-            p = p.reshape(p.shape[0], -1, group_size).transpose(0, 1)  # [G, T, g]
-        c = p.transpose(-1, -2) @ p
+        c = p.t() @ p
         total = c if total is None else total + c
     return total / x.shape[0]
 
