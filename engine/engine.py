@@ -23,7 +23,7 @@ from .threads import shared_tuner
 
 def resolve_kv_cache(kind: str | None, native: bool) -> str:
     """A KV cache choice as a storage type: `auto` (or None) is PARLEY_KV_CACHE, else this device's
-    measured default: int8 on the native CPU step (the README's KV cache table has the measurement behind
+    measured default: int8 on the native CPU step (docs/kv-cache.md has the measurement behind
     it), else the model's own dtype (bf16 on CUDA)."""
     if kind in (None, "auto"):
         kind = os.environ.get("PARLEY_KV_CACHE") or "auto"

@@ -687,7 +687,7 @@ static void f32_col_scalar(const Lin* L, int n, const float* x, int m, float* y,
 // tile keep 16 float sums on the stack (a store and a reload each per 64 inputs) but read each vector once:
 // one thread, an 8-token pass at depth 0, the previous build and this one interleaved in one process: the int8
 // head 1.83 -> 1.33 ms, the INT4 products 4.33 -> 4.05 ms. A prefill keeps 4: with 512 rows the 8-position
-// tile measured up to 13% slower on gate/up (the README's "pair tiles" bullet).
+// tile measured up to 13% slower on gate/up (docs/cpu-step.md, "Tried and not kept").
 constexpr int WIDE_PASS = 32;
 
 template <int R, bool WIDE = false>

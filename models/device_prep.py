@@ -39,7 +39,7 @@ def prepare_for_device(model: Transformer, *, native: bool = True, packed_dir: P
     repacked weights are cached (models/native_cache.py).
     `calibration`: token ids [n, T] of real text, asked for only when a 4-bit head is packed (GPTQ rounds it
     against the model's hidden states on them, else it is rounded to nearest). The head of an INT4 model is
-    int8 rows; PARLEY_HEAD_BITS=4 opts into the 4-bit head (README, "A second family: Gemma 3").
+    int8 rows; PARLEY_HEAD_BITS=4 opts into the 4-bit head (docs/quantization.md, "The output head").
     """
     weight = model.norm.weight
     int4 = is_int4(model)

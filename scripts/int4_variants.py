@@ -1,5 +1,5 @@
 """Perplexity of one INT4 quantization variant of the embedded model, the quantization alone (weights dequantized
-once, fp head), on `assets/heldout` and GPL-3: how the README's "INT4 quality" rows on untried ideas were measured.
+once, fp head), on `assets/heldout` and GPL-3: how docs/quantization.md's rows on tried ideas were measured.
 
     PYTHONPATH=<dir holding parley> python scripts/int4_variants.py VARIANT [--chunks 12]
 

@@ -2,7 +2,7 @@
 engine whose next reply, at temperature 0, equals a fresh engine's reply to the same visible history
 (the cancelled text as the assistant's message), at seeded random points. The cache must hold exactly
 the prompt and the tokens shown when the cancel landed. The 200-point figure of issue 14 is
-`parley bench faults --only cancel` (README); this test runs fewer so the suite holds on a busy machine."""
+`parley bench faults --only cancel` (docs/performance.md); this test runs fewer so the suite holds on a busy machine."""
 
 import pytest
 from real_engines import QUANTS, fresh

@@ -91,7 +91,7 @@ class AWQSettings:
     refit_scales: bool = False
     # Search an AWQ scale for down_proj's input (folded into up_proj's rows). Off, down_proj is clipped and
     # rounded on its own input: better on the quantization alone, neutral as the engine runs it; the first
-    # run turns it off since it rotates down_proj's input (hadamard_down; README, "INT4 quality").
+    # run turns it off since it rotates down_proj's input (hadamard_down; docs/quantization.md).
     scale_down: bool = True
     # Also quantize down_proj on its input rotated by a block Hadamard matrix (hadamard.py; this many channels
     # a block, 0: not), kept beside the standard weights for a runtime that rotates (Parley's).

@@ -69,7 +69,7 @@ def default_calibration_size(device: torch.device) -> tuple[int, int]:
 
 
 # The distillation (distill.py) draws from this many times AWQ's calibration sequences: on the embedded
-# model 64 x 256 tokens did better than 32 (README, "INT4 quality"); AWQ calibrates on every other one.
+# model 64 x 256 tokens did better than 32 (docs/quantization.md); AWQ calibrates on every other one.
 DISTILL_SAMPLES = 2
 
 
@@ -82,7 +82,7 @@ def first_run_settings(group_size: int, device: torch.device) -> AWQSettings:
     """The quantization a first run ships: AWQ scales on a rotated residual stream, every linear clipped (q and
     k too), rounded with GPTQ, scales refit, and down_proj also quantized on its input rotated at run time
     (hadamard.py), which is why it gets no AWQ scale: measured with and without, over three seeds, unscaled
-    was better (README, "INT4 quality", for what each step buys and what did not pay)."""
+    was better (docs/quantization.md, for what each step buys and what did not pay)."""
     awq = AWQSettings(group_size=group_size, rotate=True, gptq=True, refit_scales=True, scale_down=False,
                       clip_qk=True, hadamard_down=hadamard.BLOCK, distill=DistillSettings())
     if device.type == "cuda":

@@ -5,7 +5,7 @@ the residual stream (rotate.py) it cannot be rotated offline: the product is ele
 folds into gate/up. Rotated at run time instead, h -> H (d * h) per block of `block` channels (d = +-1 /
 sqrt(block), H the unnormalised Sylvester matrix: n log2(block) additions per token), the outliers are
 spread and down_proj, quantized as W diag(d) H, computes the same function in exact arithmetic
-(README, "INT4 quality", for what it buys).
+(docs/quantization.md, for what it buys).
 
 The standard folder cannot say "rotate here" (transformers would ignore an unknown config key and compute
 another function), so it keeps down_proj quantized on its plain input, and this module writes the rotated

@@ -7,7 +7,7 @@ the head's inputs are far from isotropic (the Gram matrix's largest diagonal ent
 GPTQ, which pushes each column's rounding error onto the columns not yet rounded through that matrix, keeps
 the products it is actually used for: +0.9% there, at the same bits. As the engine runs it (INT4 layers,
 `bench quality --kernels auto`) it is +3.5% over the int8 head (round to nearest: +9.8%), so it stays opt-in
-(PARLEY_HEAD_BITS=4; README, "A second family"). The Gram matrix comes from running the quantized model
+(PARLEY_HEAD_BITS=4; docs/quantization.md, "The output head"). The Gram matrix comes from running the quantized model
 itself over the built-in calibration corpus (not the held-out texts), once: the packed head is cached with
 the native layout (models/native_cache.py).
 """
