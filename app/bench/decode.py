@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="threads (default: automatic)")
     p.add_argument("--llama-cpp", default=None, metavar="SCRIPT",
                    help="also run llama.cpp in the same run and print its figures and Parley's ratio to them: the "
-                        "peer script (`SCRIPT bench`, e.g. ../shared/peers/llama_cpp.sh) on the embedded model's "
+                        "peer script (`SCRIPT bench`, e.g. scripts/llama_cpp.sh) on the embedded model's "
                         "weights; with a .gguf --model, llama-bench on that same file (the script's build, or "
                         "--llama-bench)")
     p.add_argument("--llama-bench", default=None, metavar="PATH",
@@ -250,7 +250,7 @@ def llama_bench_figures(binary: str, model: str, threads: int, prefill: int, new
     """llama-bench on `model` (the GGUF Parley loads): prefill and decode as this bench measures them, in the
     peer script's rows (engine, type, what, tokens, depth, threads, tok_s) plus the file."""
     if not os.path.isfile(binary):
-        return {"error": f"{binary}: no llama-bench there; build it (../shared/peers/llama_cpp.sh build) or pass "
+        return {"error": f"{binary}: no llama-bench there; build it (scripts/llama_cpp.sh build) or pass "
                          "--llama-bench PATH"}
     base = [binary, "-m", model, "-t", str(threads), "-r", str(repeats), "-o", "jsonl"]
     runs = [["-p", str(prefill), "-n", str(new_tokens)]] + [

@@ -219,7 +219,7 @@ def public_document(path: str) -> str:
 
 
 def find_peer(folder: str) -> tuple[Path, Path] | None:
-    """llama.cpp's llama-lookup and llama-bench folder and its Q4_0 model, when built (peers/llama_cpp.sh)."""
+    """llama.cpp's llama-lookup and llama-bench folder and its Q4_0 model, when built (scripts/llama_cpp.sh build)."""
     if folder == "none":
         return None
     bin_dir, model = Path(folder) / "llama.cpp" / "build" / "bin", Path(folder) / "smol-Q4_0.gguf"
