@@ -204,8 +204,10 @@ def add_remote_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", default=os.environ.get("PARLEY_SERVER"),
                    help="an OpenAI-compatible endpoint such as http://host:8000/v1 (vLLM, SGLang, llama-server, "
                         "Ollama, parley serve); also PARLEY_SERVER")
-    p.add_argument("--api-key", default=None,
-                   help="bearer token for --server (also PARLEY_API_KEY or OPENAI_API_KEY; never stored)")
+    p.add_argument("--api-key-file", default=None, metavar="FILE",
+                   help="the bearer token for --server is this file's first line (or set PARLEY_API_KEY or "
+                        "OPENAI_API_KEY; never stored)")
+    p.add_argument("--api-key", default=None, help=argparse.SUPPRESS)  # refused: argv is visible in `ps`
     p.add_argument("--tokenizer", default=None,
                    help="with --server: the served model's tokenizer (hub id, directory or .gguf), so a slider "
                         "moved mid-reply can continue it through /v1/completions")
@@ -217,7 +219,9 @@ def connect_remote(args: argparse.Namespace, progress=print_progress):
     """The remote backend from the flags; ValueError (printed as `parley: error: ...`) says what to fix."""
     from ..engine.remote import RemoteEngine, insecure_warning
 
-    api_key = args.api_key or os.environ.get("PARLEY_API_KEY") or os.environ.get("OPENAI_API_KEY")
+    from .server.api import api_key as read_key
+
+    api_key = read_key(args, env=("PARLEY_API_KEY", "OPENAI_API_KEY"))
     warning = insecure_warning(args.server)
     if warning:
         print(f"parley: warning: {warning}", file=sys.stderr)

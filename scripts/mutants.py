@@ -286,6 +286,19 @@ MUTANTS: list[Mutant] = [
            "hd = h.double() * diag.double()[:, None] * diag.double()[None, :]",
            "hd = h.double() * diag.double()[:, None].abs() * diag.double()[None, :].abs()",
            ("tests/test_down_hadamard_rotation_is_exact.py::test_the_rotated_gram_matrix_is_the_gram_matrix_of_the_rotated_inputs",)),
+    # -- hostile input (issue 36) --
+    Mutant("serve-any-host", "app/server/api.py",
+           "if name is None or not self.server.host_ok(name):",
+           "if name is None:",
+           ("tests/test_serve_refuses_web_pages_and_ambiguous_framing.py",)),
+    Mutant("serve-second-content-length", "app/server/api.py",
+           "if len(lengths) > 1 or (lengths and not lengths[0].strip().isdigit()):",
+           "if lengths and not lengths[0].strip().isdigit():",
+           ("tests/test_serve_refuses_web_pages_and_ambiguous_framing.py",)),
+    Mutant("serve-text-plain-runs", "app/server/api.py",
+           'if kind != "application/json":',
+           'if kind not in ("application/json", "text/plain"):',
+           ("tests/test_serve_refuses_web_pages_and_ambiguous_framing.py",)),
 ]
 
 

@@ -1,4 +1,4 @@
-"""The API key must match exactly, compared in constant time, and can come from PARLEY_API_KEY or a file.
+"""The API key must match exactly, compared in constant time, and comes from PARLEY_API_KEY or a file, never argv.
 
 A prefix comparison (`Bearer KEY...anything` accepted) passes tests that send no key or a wrong one; these
 send the key with a suffix, without its last character, in another case and with whitespace in it (trailing whitespace
@@ -28,7 +28,7 @@ def status(url: str, authorization: str) -> int:
     """The status of GET /v1/models sent byte for byte (httpx refuses header values with edge whitespace)."""
     host, port = url.split("//")[1].split("/")[0].split(":")
     with socket.create_connection((host, int(port)), timeout=60) as s:
-        s.sendall(f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: {authorization}\r\n"
+        s.sendall(f"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {authorization}\r\n"
                   "Connection: close\r\n\r\n".encode())
         return int(s.makefile("rb").readline().split()[1])
 
@@ -73,7 +73,8 @@ def test_key_from_the_environment_or_a_file(monkeypatch, tmp_path):
     key_file = tmp_path / "key"
     key_file.write_text("sk-from-file\n")
     assert serve.api_key(args(api_key_file=str(key_file))) == "sk-from-file"
-    assert serve.api_key(args(api_key="sk-flag", api_key_file=str(key_file))) == "sk-flag"
+    with pytest.raises(ValueError, match="visible to every user"):  # never from argv (ps, shell history)
+        serve.api_key(args(api_key="sk-flag", api_key_file=str(key_file)))
     with pytest.raises(ValueError, match="api-key-file .*cannot read"):
         serve.api_key(args(api_key_file=str(tmp_path / "missing")))
     key_file.write_text("\n")

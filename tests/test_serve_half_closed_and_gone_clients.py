@@ -25,7 +25,7 @@ OK = [{"role": "user", "content": "Hi"}]
 
 def post(body: dict) -> bytes:
     data = json.dumps(body).encode()
-    return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(data)}\r\n\r\n").encode() + data
 
 

@@ -34,7 +34,7 @@ def raw(server, data: bytes, *, shut_write: bool = False) -> bytes:
 
 def post(body: bytes, length: int | None = None, path: str = "/v1/chat/completions") -> bytes:
     n = len(body) if length is None else length
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {n}\r\n"
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {n}\r\n"
             "Connection: close\r\n\r\n").encode() + body
 
 
@@ -66,7 +66,7 @@ def test_deep_nesting_and_bad_lengths_are_400(served):
     assert status == 400 and "deeply" in error["message"]
     status, error = error_of(raw(server, post(b"{}", length=-5)))
     assert status == 400 and error["param"] == "Content-Length"
-    status, error = error_of(raw(server, (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+    status, error = error_of(raw(server, (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                                           b"Content-Length: abc\r\nConnection: close\r\n\r\n")))
     assert status == 400 and error["param"] == "Content-Length"
 
@@ -80,7 +80,7 @@ def test_a_body_shorter_than_its_content_length_times_out_with_408(served):
 def test_half_sent_requests_are_dropped(served):
     """A request line and half its headers, then silence: the server closes the connection (no thread held)."""
     server, _, _ = served
-    assert raw(server, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Le") == b""
+    assert raw(server, b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le") == b""
 
 
 def test_a_client_that_half_closes_after_its_request_gets_its_answer(served):
@@ -124,7 +124,7 @@ def test_connections_beyond_the_cap_get_503_at_once():
         idle = [socket.create_connection(server.server_address[:2], timeout=60) for _ in range(2)]
         try:
             poll(lambda: server._slots._value == 0, what="both connections to hold a slot")
-            assert raw(server, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 503")
+            assert raw(server, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").startswith(b"HTTP/1.1 503")
         finally:
             for s in idle:
                 s.close()
@@ -135,7 +135,7 @@ def test_connections_beyond_the_cap_get_503_at_once():
 def test_a_reset_keep_alive_connection_logs_no_traceback(served, capfd):
     server, _, _ = served
     s = socket.create_connection(server.server_address[:2], timeout=60)
-    s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     assert s.recv(65536).startswith(b"HTTP/1.1 200")
     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
     s.close()

@@ -53,7 +53,7 @@ def test_a_waiting_client_that_leaves_gives_up_its_place():
         # A raw request: the client library would block until its turn (the headers come only then).
         body = json.dumps({"model": model, "messages": PROMPT, "max_tokens": 400}).encode()
         waiting = socket.create_connection(server.server_address[:2])
-        waiting.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        waiting.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         poll(lambda: server.queue.waiting == 1, what="the second request to queue")
         waiting.close()

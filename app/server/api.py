@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hmac
+import ipaddress
 import json
 import os
 import select
@@ -21,13 +22,14 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from parley.engine.events import Done, Stats, TextDelta, consume
 from parley.engine.params import SPECULATION_MODES, TEMPERATURE_MAX, GenerationParams
+from parley.models.errors import printable
 
 DEFAULT_PORT = 8000
 DEFAULT_QUEUE_SIZE = 8
@@ -45,13 +47,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
-    parser.add_argument("--api-key", default=None,
-                        help="require `Authorization: Bearer KEY` on every request (visible to every user in `ps`: "
-                             "prefer PARLEY_API_KEY or --api-key-file)")
-    parser.add_argument("--api-key-file", default=None,
-                        help="read the API key from this file (its first line)")
+    add_key_arguments(parser, "require `Authorization: Bearer KEY` on every request")
+    parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                        help="also answer requests whose Host header is NAME (a DNS name this server is reached "
+                             "by); by default only the addresses it binds, so a web page cannot reach it through "
+                             "DNS rebinding")
+    parser.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                        help="let web pages of ORIGIN (such as http://localhost:3000) call the API; by default a "
+                             "request from any web page (an Origin header) is refused")
     parser.add_argument("--queue-size", type=int, default=DEFAULT_QUEUE_SIZE,
                         help=f"requests that may wait for the engine; more get 429 (default {DEFAULT_QUEUE_SIZE})")
+
+
+def add_key_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """--api-key-file; --api-key only to say why not (a key on the command line is in `ps` and shell history)."""
+    parser.add_argument("--api-key-file", default=None, metavar="FILE",
+                        help=f"{what}: the key is this file's first line (or set PARLEY_API_KEY)")
+    parser.add_argument("--api-key", default=None, help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,9 +72,13 @@ def run(args: argparse.Namespace) -> int:
     if args.queue_size < 0:
         raise ValueError(f"--queue-size {args.queue_size}: expected 0 or a positive integer")
     args.api_key = api_key(args)
+    for origin in args.allow_origin:
+        if origin != origin.strip().rstrip("/") or "://" not in origin:
+            raise ValueError(f"--allow-origin {origin!r}: expected an origin such as http://localhost:3000")
     engine = engine_from_args(args)
     try:
-        server = make_server(engine, args.host, args.port, api_key=args.api_key, queue_size=args.queue_size)
+        server = make_server(engine, args.host, args.port, api_key=args.api_key, queue_size=args.queue_size,
+                             allow_hosts=args.allow_host, allow_origins=args.allow_origin)
     except OSError as e:
         raise ValueError(f"cannot listen on {args.host}:{args.port} ({e.strerror}); pick another --port") from None
     host, port = server.server_address[:2]
@@ -79,11 +95,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def api_key(args: argparse.Namespace) -> str | None:
-    """The key from --api-key, else --api-key-file, else PARLEY_API_KEY; never written anywhere."""
-    if args.api_key is not None:
-        key, source = args.api_key, "--api-key"
-    elif getattr(args, "api_key_file", None):
+def api_key(args: argparse.Namespace, env: tuple[str, ...] = ("PARLEY_API_KEY",)) -> str | None:
+    """The key from --api-key-file, else the first of `env` set; never from the command line, never written."""
+    if getattr(args, "api_key", None) is not None:
+        raise ValueError("--api-key: a key on the command line is visible to every user of this machine (ps, "
+                         "shell history); put it in PARLEY_API_KEY or in a file given to --api-key-file")
+    name = next((n for n in env if os.environ.get(n)), None)
+    if getattr(args, "api_key_file", None):
         try:
             with open(args.api_key_file, encoding="utf-8") as f:
                 key = f.readline()
@@ -91,8 +109,8 @@ def api_key(args: argparse.Namespace) -> str | None:
             raise ValueError(f"--api-key-file {args.api_key_file}: cannot read it ({e}); "
                              "give a readable text file whose first line is the key") from None
         key, source = key.strip(), f"--api-key-file {args.api_key_file}"
-    elif os.environ.get("PARLEY_API_KEY"):
-        key, source = os.environ["PARLEY_API_KEY"], "PARLEY_API_KEY"
+    elif name:
+        key, source = os.environ[name], name
     else:
         return None
     if not key or key != key.strip() or not key.isprintable() or not key.isascii():
@@ -102,10 +120,54 @@ def api_key(args: argparse.Namespace) -> str | None:
 
 def make_server(engine: Any, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, api_key: str | None = None,
                 queue_size: int = DEFAULT_QUEUE_SIZE, log: Callable[[str], None] | None = None,
-                timeout: float = SOCKET_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS) -> ParleyServer:
+                timeout: float = SOCKET_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
+                allow_hosts: list[str] = (), allow_origins: list[str] = ()) -> ParleyServer:
     """A bound server (port 0 picks a free one); call `serve_forever()` (in a thread, for tests)."""
     return ParleyServer((host, port), engine, api_key=api_key, queue_size=queue_size, log=log, timeout=timeout,
-                        max_connections=max_connections)
+                        max_connections=max_connections, allow_hosts=allow_hosts, allow_origins=allow_origins)
+
+
+def host_names(bound: str, extra: Iterable[str] = ()) -> Callable[[str], bool]:
+    """Whether a Host header's name is one this server is reached by: the address it binds (any of this
+    machine's when it binds all of them), `localhost` for a loopback or wildcard bind, and `extra`.
+
+    A web page can make a browser send requests here only under its own name (DNS rebinding points that name
+    at 127.0.0.1), never under an IP address literal or `localhost`: checking the name shuts it out."""
+    extra = {n.lower().rstrip(".") for n in extra}
+    try:
+        ip = ipaddress.ip_address(bound)
+    except ValueError:
+        ip = None
+    wildcard = ip is not None and ip.is_unspecified
+    names = {bound.lower(), *extra}
+    if ip is None or ip.is_loopback or wildcard:
+        names |= {"localhost", "127.0.0.1", "::1"}
+    if wildcard:
+        names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+
+    def ok(name: str) -> bool:
+        name = name.lower().rstrip(".")
+        if name in names:
+            return True
+        if wildcard:
+            try:
+                ipaddress.ip_address(name)
+                return True
+            except ValueError:
+                return False
+        return False
+    return ok
+
+
+def split_host(value: str) -> str | None:
+    """The name of a Host header (`name`, `name:port`, `[v6]:port`); None when it is not one."""
+    if value.startswith("["):
+        name, sep, rest = value[1:].partition("]")
+        return name if sep and (not rest or (rest[0] == ":" and rest[1:].isdigit())) else None
+    name, _, port = value.partition(":")
+    if not name or (port and not port.isdigit()) or ":" in port:
+        return None
+    return name
 
 
 class RequestError(Exception):
@@ -178,13 +240,17 @@ class ParleyServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], engine: Any, *, api_key: str | None, queue_size: int,
                  log: Callable[[str], None] | None, timeout: float = SOCKET_TIMEOUT_S,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
+                 max_connections: int = MAX_CONNECTIONS, allow_hosts: Iterable[str] = (),
+                 allow_origins: Iterable[str] = ()) -> None:
         self.engine = engine
+        self.host_ok = host_names(address[0], allow_hosts)
+        self.allow_origins = set(allow_origins)
         self.timeout_s = timeout
         self._slots = threading.BoundedSemaphore(max_connections)
         self.api_key = api_key
         self.queue = EngineQueue(queue_size)
-        self.log = log or (lambda line: print(line, file=sys.stderr))
+        write = log or (lambda line: print(line, file=sys.stderr))
+        self.log = lambda line: write(printable(line))  # request lines and client text carry terminal escapes
         self.created = int(time.time())
         # The latest replies' outcomes ("stop", "length", "cancelled", "error"), oldest first: for tests and logs.
         self.finished: deque[str] = deque(maxlen=256)
@@ -242,20 +308,25 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._handle(lambda: self._post())
 
+    def do_OPTIONS(self) -> None:  # a browser's CORS preflight: answered for --allow-origin pages only
+        self._handle(lambda: self._preflight())
+
     def _handle(self, route: Callable[[], None]) -> None:
         self._body_read = self.command == "GET"
         self._streaming = False  # once the SSE headers are out, an error can only end the stream
         self._gone = self._probed = False  # see _client_gone
+        self._origin: str | None = None  # an allowed Origin, echoed in Access-Control-Allow-Origin
+        self._framed = False  # the body's end is known (one Content-Length, no Transfer-Encoding)
         try:
-            self._authorize()
+            self._check_framing()
+            self._check_origin()
+            if self.command != "OPTIONS":
+                self._authorize()
             route()
         except RequestError as e:
             if not self._body_read:  # its body is still in the socket: drain a small one, else close
-                try:
-                    length = int(self.headers.get("Content-Length") or 0)
-                except ValueError:
-                    length = -1
-                if 0 <= length <= 1 << 20:
+                length = self._content_length()
+                if self._framed and 0 <= length <= 1 << 20:
                     self.rfile.read(length)
                     self._body_read = True
                 else:
@@ -272,6 +343,64 @@ class Handler(BaseHTTPRequestHandler):
             self._send_json({"error": {"message": "internal error: the server could not answer this request "
                                        "(the details are in its log)", "type": "server_error", "param": None,
                                        "code": None}}, 500)
+
+    def _check_framing(self) -> None:
+        """One reading of where the request ends, or none: a body framed two ways (Transfer-Encoding and
+        Content-Length, two Content-Lengths) is read one way here and another by a proxy in front, and the rest
+        would run as a second, smuggled request. The connection closes after the refusal."""
+        headers = self.headers
+        if headers.get_all("Transfer-Encoding"):
+            self.close_connection = True
+            raise RequestError("Transfer-Encoding is not accepted: send the body with a Content-Length",
+                               "Transfer-Encoding", status=501)
+        lengths = headers.get_all("Content-Length") or []
+        if len(lengths) > 1 or (lengths and not lengths[0].strip().isdigit()):
+            self.close_connection = True
+            raise RequestError("Content-Length: expected one header, the body's size in bytes (0 or more)",
+                               "Content-Length")
+        self._framed = True  # from here a refusal may read the body away (and the client reads the answer)
+        if self.command == "GET" and self._content_length():
+            self.close_connection = True  # its body is not read: it must not be taken for the next request
+        hosts = headers.get_all("Host") or []
+        name = split_host(hosts[0].strip()) if len(hosts) == 1 else None
+        if name is None or not self.server.host_ok(name):
+            self.close_connection = True
+            raise RequestError(f"Host {printable(hosts[0] if hosts else '', 80)!r} is not an address of this "
+                               "server: send one Host header naming the address it listens on (parley serve "
+                               "--allow-host NAME adds a name)", "Host", status=403, kind="permission_error")
+
+    def _content_length(self) -> int:
+        value = (self.headers.get_all("Content-Length") or ["0"])[0].strip()
+        return int(value) if value.isdigit() else -1
+
+    def _check_origin(self) -> None:
+        """A request from a web page (it carries Origin) runs only for a page of --allow-origin: any site may
+        otherwise POST here from a visitor's browser."""
+        origins = self.headers.get_all("Origin") or []
+        if not origins:
+            return
+        if len(origins) > 1 or origins[0] not in self.server.allow_origins:
+            self.close_connection = True
+            raise RequestError(f"requests from web pages ({printable(origins[0], 80)!r}) are refused: start the "
+                               "server with --allow-origin ORIGIN to let that page call it", "Origin", status=403,
+                               kind="permission_error")
+        self._origin = origins[0]
+
+    def _preflight(self) -> None:
+        if self._origin is None:
+            raise RequestError("OPTIONS answers a browser's preflight only (with an Origin header)", status=405)
+        self.send_response(204)
+        self.send_header("Access-Control-Allow-Methods", "GET, POST")
+        self.send_header("Access-Control-Allow-Headers", "Authorization, Content-Type")
+        self.send_header("Access-Control-Max-Age", "600")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def end_headers(self) -> None:
+        if getattr(self, "_origin", None):
+            self.send_header("Access-Control-Allow-Origin", self._origin)
+            self.send_header("Vary", "Origin")
+        super().end_headers()
 
     def _authorize(self) -> None:
         key = self.server.api_key
@@ -301,6 +430,10 @@ class Handler(BaseHTTPRequestHandler):
         if not chat and path not in ("/v1/completions", "/completions"):
             raise RequestError(f"no route POST {path}: try /v1/chat/completions or /v1/completions", status=404,
                                kind="not_found_error")
+        kind = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        if kind != "application/json":  # a form or text/plain body is what any web page may send unasked
+            raise RequestError(f"Content-Type {printable(kind, 60)!r}: send the body as application/json",
+                               "Content-Type", status=415)
         body = self._read_json()
         request = parse_request(body, self.server.engine, chat)
         self._serve(request)
@@ -472,10 +605,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def _read_json(self) -> dict[str, Any]:
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
+        length = self._content_length()
         if length < 0:
             raise RequestError("Content-Length: expected the body's size in bytes (0 or more)", "Content-Length")
         if length > MAX_BODY:

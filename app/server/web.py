@@ -108,7 +108,8 @@ def chat_command(args: argparse.Namespace, server: str | None = None) -> str:
     argv = [sys.executable, "-m", "parley.app.cli", "chat"]
     if server is None:
         return shlex.join(argv + flags(args, tui.add_arguments))
-    return shlex.join(argv + flags(args, tui.add_arguments, skip=(*MODEL_FLAGS, "server")) + ["--server", server])
+    skip = (*MODEL_FLAGS, "server", "api_key", "api_key_file")  # the key goes by the environment (run)
+    return shlex.join(argv + flags(args, tui.add_arguments, skip=skip) + ["--server", server])
 
 
 def serve_command(args: argparse.Namespace, port: int) -> list[str]:
@@ -157,11 +158,41 @@ def stop(child: subprocess.Popen[bytes]) -> None:
     child.wait()
 
 
+def guard(port: int):
+    """aiohttp middleware: only requests addressed to this machine (Host 127.0.0.1 or localhost), and from no web
+    page but the app's own (Origin). A page elsewhere could otherwise reach the app through DNS rebinding, or
+    open its websocket (which no CORS rule covers) and drive a chat from the visitor's browser."""
+    from aiohttp import web
+
+    from parley.app.server.api import host_names, split_host
+
+    host_ok = host_names(HOST)
+    origins = {f"http://{name}:{port}" for name in ("127.0.0.1", "localhost")}
+
+    @web.middleware
+    async def check(request, handler):
+        hosts = request.headers.getall("Host", [])
+        name = split_host(hosts[0]) if len(hosts) == 1 else None
+        if name is None or not host_ok(name):
+            return web.Response(status=403, text="parley web answers requests to 127.0.0.1 or localhost only\n")
+        origin = request.headers.getall("Origin", [])
+        if origin and (len(origin) > 1 or origin[0] not in origins):
+            return web.Response(status=403, text="parley web answers its own page only\n")
+        return await handler(request)
+    return check
+
+
 def serve(command: str, port: int, title: str = "Parley") -> None:
     """Serve `command` (a Textual app) on 127.0.0.1:`port` until Ctrl+C."""
     from textual_serve.server import Server
 
-    Server(command, host=HOST, port=port, title=title).serve()
+    class GuardedServer(Server):
+        async def _make_app(self):
+            app = await super()._make_app()
+            app.middlewares.append(guard(port))
+            return app
+
+    GuardedServer(command, host=HOST, port=port, title=title).serve()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -172,6 +203,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     engine = None
     server = args.server
+    if server is not None:
+        from parley.app.server.api import api_key
+
+        # Every tab's process inherits the environment: the key never goes on a command line (`ps` shows
+        # those) nor into textual-serve's banner, which prints the tab command.
+        key = api_key(args, env=("PARLEY_API_KEY", "OPENAI_API_KEY"))
+        if key:
+            os.environ["PARLEY_API_KEY"] = key
     if server is None:  # one engine for every tab, instead of a model load per tab
         print("parley: loading the model for the browser tabs…", file=sys.stderr)
         engine, server = start_engine(args)
