@@ -218,7 +218,6 @@ def add_remote_arguments(p: argparse.ArgumentParser) -> None:
 def connect_remote(args: argparse.Namespace, progress=print_progress):
     """The remote backend from the flags; ValueError (printed as `parley: error: ...`) says what to fix."""
     from ..engine.remote import RemoteEngine, insecure_warning
-
     from .server.api import api_key as read_key
 
     api_key = read_key(args, env=("PARLEY_API_KEY", "OPENAI_API_KEY"))

@@ -74,7 +74,8 @@ def _post(body: bytes, *, length: int | None = None, key: str | None = KEY, path
           close: bool = True) -> bytes:
     auth = f"Authorization: {key}\r\n" if key is not None else ""
     n = len(body) if length is None else length
-    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Content-Type: application/json\r\nContent-Length: {n}\r\n"
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Content-Type: application/json\r\n"
+            f"Content-Length: {n}\r\n"
             + ("Connection: close\r\n" if close else "") + "\r\n").encode() + body
 
 
