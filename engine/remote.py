@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+import socket
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -23,15 +24,23 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from ..models.errors import printable
 from .events import Done, Event, Notice, Stats, TextDelta
 from .params import GenerationParams
 from .protocol import Capabilities
 from .reply_stats import ReplyStats
 
 DEFAULT_CONTEXT = 4096  # when the server does not say and no --context-window is given
+# Every read from the server is bounded, in time and in size (names read at call time: tests lower them).
+CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 300.0  # a server silent this long (no headers, no event) is taken as stuck: a long prefill fits
-MAX_LINE = 1 << 20  # bytes in one event-stream line; an OpenAI chunk is a few hundred
+PROGRESS_TIMEOUT_S = 300.0  # headers, then each piece of text, within this: keep-alives alone do not count
+PROBE_TIMEOUT_S = 60.0  # a whole GET (/v1/models, /props, /api/version), headers and body
+REPLY_TIMEOUT_S = 7200.0  # one whole streamed answer
+MAX_LINE = 1 << 20  # bytes in one event-stream line (and in one event's data); an OpenAI chunk is a few hundred
+MAX_JSON = 8 << 20  # bytes of a GET's JSON answer (a model list)
 MAX_QUIET_LINES = 10_000  # lines in a row that carry no event (comments, unknown fields) before giving up
+MAX_QUIET_EVENTS = 10_000  # events in a row that carry no text ({} or empty deltas) before giving up
 OPENAI_FIELDS = ("temperature", "top_p", "max_new_tokens")  # every server takes these
 SPECULATION = ("speculation", "draft_tokens")  # Parley's own: only parley serve takes them
 
@@ -118,19 +127,29 @@ class RemoteEngine:
     @classmethod
     def connect(cls, url: str, *, api_key: str | None = None, model: str | None = None, tokenizer: Any = None,
                 context_window: int | None = None, client: httpx.Client | None = None) -> RemoteEngine:
-        """Ask the server what it serves and what it is; raise ValueError saying what to fix."""
+        """Ask the server what it serves and what it is; raise ValueError saying what to fix (one line, its
+        text from the server with control characters escaped)."""
+        try:
+            return cls._connect(url, api_key=api_key, model=model, tokenizer=tokenizer,
+                                context_window=context_window, client=client)
+        except ValueError as e:
+            raise ValueError(printable(e, 600)) from None
+
+    @classmethod
+    def _connect(cls, url: str, *, api_key: str | None, model: str | None, tokenizer: Any,
+                 context_window: int | None, client: httpx.Client | None) -> RemoteEngine:
         url = base_url(url)
         client = client or _client()
         headers = _auth(api_key)
         resp = _get(client, f"{url}/models", headers)
         if resp.status_code == 401 or resp.status_code == 403:
-            raise ValueError(f"{url} refused the API key ({resp.status_code}): pass --api-key or set PARLEY_API_KEY")
+            raise ValueError(f"{url} refused the API key ({resp.status_code}): set PARLEY_API_KEY or pass --api-key-file")
         if resp.status_code != 200:
             raise ValueError(f"GET {url}/models answered {resp.status_code}: {_error_message(resp)}; "
                              "is this an OpenAI-compatible endpoint (it usually ends in /v1)?")
         try:
-            models = resp.json()["data"]
-        except (ValueError, KeyError, TypeError):
+            models = json.loads(resp.content)["data"]
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise ValueError(f"GET {url}/models did not answer an OpenAI model list") from None
         if not isinstance(models, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str)
                                                    for m in models):
@@ -138,6 +157,9 @@ class RemoteEngine:
                              "{\"id\": ...} objects); is this an OpenAI-compatible endpoint?")
         if not models:
             raise ValueError(f"{url} serves no model yet (GET /v1/models is empty)")
+        if any(printable(m["id"]) != m["id"] or len(m["id"]) > 1000 for m in models):
+            raise ValueError(f"GET {url}/models names a model with control characters or over 1,000 characters; "
+                             "is this the server you meant?")
         card = next((m for m in models if m.get("id") == model), None) if model else models[0]
         if card is None:
             names = ", ".join(m.get("id", "?") for m in models)
@@ -195,9 +217,11 @@ class RemoteEngine:
             body |= {"speculation": params.speculation, "draft_tokens": params.draft_tokens}
         return body
 
-    def open(self, path: str, body: dict[str, Any]) -> AbstractContextManager[httpx.Response]:
+    def open(self, path: str, body: dict[str, Any], deadline: Deadline | None = None
+             ) -> AbstractContextManager[httpx.Response]:
         """A streaming POST; leaving the `with` closes the connection, which stops the server's generation."""
-        return self.client.stream("POST", f"{self.url}{path}", json=body, headers=_auth(self._api_key))
+        return self.client.stream("POST", f"{self.url}{path}", json=body, headers=_headers(self._api_key),
+                                  extensions={"trace": deadline.trace} if deadline else {})
 
 
 class RemoteSession:
@@ -209,15 +233,30 @@ class RemoteSession:
               cancel: threading.Event | None = None) -> Iterator[Event]:
         """Stream the answer; a live change of a sampling field restarts the request from the text so far."""
         with self.engine.turn:
+            self._deadline: Deadline | None = None
             try:
-                yield from self._reply(messages, params, cancel or threading.Event())
-            except httpx.TimeoutException:
-                yield Done("error", f"{self.engine.url} sent nothing for {self.engine.client.timeout.read or 0:g} s: "
-                                    "the server is stuck or overloaded; try again or restart it")
-            except httpx.HTTPError as e:
-                yield Done("error", f"lost {self.engine.url}: {type(e).__name__}: {e}")
-            except ValueError as e:
-                yield Done("error", str(e))
+                for ev in self._reply(messages, params, cancel or threading.Event()):
+                    if isinstance(ev, Done):  # text from the server, shown on a terminal: escaped, one line
+                        ev = Done(ev.reason, printable(ev.detail, 600))
+                    elif isinstance(ev, Notice):
+                        ev = Notice(printable(ev.text, 600))
+                    yield ev
+            except (httpx.HTTPError, ValueError) as e:
+                yield Done("error", printable(self._why(e), 600))
+            finally:
+                if self._deadline is not None:
+                    self._deadline.close()
+
+    def _why(self, e: Exception) -> str:
+        url = self.engine.url
+        if self._deadline is not None and self._deadline.expired:
+            return f"{url}: {self._deadline.expired}: the server is stuck or overloaded; try again or restart it"
+        if isinstance(e, httpx.TimeoutException):
+            return (f"{url} sent nothing for {self.engine.client.timeout.read or 0:g} s: the server is stuck or "
+                    "overloaded; try again or restart it")
+        if isinstance(e, httpx.HTTPError):
+            return f"lost {url}: {type(e).__name__}: {e}"
+        return str(e)
 
     def _reply(self, messages: list[dict[str, str]], live: GenerationParams,
                cancel: threading.Event) -> Iterator[Event]:
@@ -241,7 +280,12 @@ class RemoteSession:
                 break
             path, body = self._request(messages, text, params, budget)
             restart = False
-            with eng.open(path, body) as resp:
+            if self._deadline is not None:
+                self._deadline.close()
+            deadline = self._deadline = Deadline(PROGRESS_TIMEOUT_S, "no answer (status and headers)", REPLY_TIMEOUT_S)
+            with eng.open(path, body, deadline) as resp:
+                deadline.extend(PROGRESS_TIMEOUT_S, "no text")
+                _plain(resp)
                 if resp.status_code != 200:
                     why = _error_text(_read_some(resp)) or resp.reason_phrase
                     yield Done("error", f"{eng.server.name} answered {resp.status_code}: {why}")
@@ -251,8 +295,8 @@ class RemoteSession:
                     yield Done("error", f"{eng.url}{path} answered a web page ({kind}), not an event stream: "
                                         "is --server an OpenAI-compatible endpoint (it usually ends in /v1)?")
                     return
-                segment, after_budget = _Segment(), 0
-                for data in iter_sse(sse_lines(resp.iter_bytes())):
+                segment, after_budget, quiet = _Segment(), 0, 0
+                for data in iter_sse(sse_lines(resp.iter_raw())):
                     if cancel.is_set():
                         break  # leaving `with` closes the connection: the server stops generating
                     try:
@@ -269,6 +313,10 @@ class RemoteSession:
                         yield Done("error", f"{eng.server.name} sent a malformed stream event ({e}): {data[:80]!r}")
                         return
                     finish = reason or finish
+                    quiet = 0 if piece or reason else quiet + 1
+                    if quiet > MAX_QUIET_EVENTS:
+                        raise ValueError(f"{eng.server.name} sent {MAX_QUIET_EVENTS:,} stream events in a row "
+                                         "without text: the server is stuck; try again or restart it")
                     if figures.new_tokens >= params.max_new_tokens:
                         # A server that ignores max_tokens is cut off here: nothing past the budget is shown, and
                         # only a few more events are read, for the finish reason and usage that normally follow.
@@ -278,9 +326,10 @@ class RemoteSession:
                             break
                         continue
                     if piece:
+                        deadline.extend(PROGRESS_TIMEOUT_S, "no text")
                         text += piece
                         figures.token(segment)
-                        yield TextDelta(piece)
+                        yield TextDelta(printable(piece, lines=True))  # no terminal escapes from the server
                     if figures.due():
                         yield figures.stats()
                     changed = _changed(params, live.snapshot(), eng.server.extra)
@@ -295,6 +344,8 @@ class RemoteSession:
                             told_not_live = True
                             yield Notice(eng.capabilities.live_params_note)
                 figures.close(segment)
+            if deadline.expired:  # the connection was cut: what ended the stream was the limit, not the server
+                raise ValueError(deadline.expired)
             if cancel.is_set():
                 yield figures.stats()
                 yield Done("cancelled")
@@ -431,7 +482,7 @@ def iter_sse(lines: Iterable[str]) -> Iterator[str]:
     """The `data` of each server-sent event, until `[DONE]`; comments and other fields are skipped (at most
     MAX_QUIET_LINES in a row: a stream of keep-alives alone is a stuck server)."""
     data: list[str] = []
-    quiet = 0
+    quiet = size = 0
     for line in lines:
         quiet = 0 if line.startswith("data:") else quiet + 1
         if quiet > MAX_QUIET_LINES:
@@ -439,12 +490,16 @@ def iter_sse(lines: Iterable[str]) -> Iterator[str]:
         if line == "":
             if data:
                 payload = "\n".join(data)
-                data = []
+                data, size = [], 0
                 if payload.strip() == "[DONE]":
                     return
                 yield payload
         elif line.startswith("data:"):
             data.append(line[5:].removeprefix(" "))
+            size += len(data[-1]) + 1
+            if size > MAX_LINE:  # data lines without the blank line that ends an event
+                raise ValueError(f"the server sent a stream event of over {MAX_LINE:,} bytes (data lines without "
+                                 "the blank line that ends an event)")
     if data and "\n".join(data).strip() != "[DONE]":
         yield "\n".join(data)
 
@@ -456,7 +511,73 @@ def _changed(sent: GenerationParams, now: GenerationParams, extra: tuple[str, ..
 
 
 def _client() -> httpx.Client:
-    return httpx.Client(timeout=httpx.Timeout(10.0, read=READ_TIMEOUT_S))
+    return httpx.Client(timeout=httpx.Timeout(CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S))
+
+
+class Deadline:
+    """Cuts a request's connection when a time limit passes, from a watching thread.
+
+    httpx's timeouts bound each read; they do not bound a status line sent a byte a minute, nor a stream of
+    keep-alive comments that never says anything. Here the request's socket (seen through httpx's `trace`
+    extension as it connects; requests say `Connection: close`, so none reuses a socket) is shut down once
+    `extend`'s deadline, or the whole request's `total`, passes; the read then ends and `expired` says why."""
+
+    def __init__(self, seconds: float, what: str, total: float) -> None:
+        self._cond = threading.Condition()
+        self._end = time.monotonic() + total
+        self._total = total
+        self._sockets: list[socket.socket] = []
+        self._closed = False
+        self.expired = ""
+        self.extend(seconds, what)
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def extend(self, seconds: float, what: str) -> None:
+        """The next deadline: `seconds` from now, for `what` (cheap: the watcher reads it when it wakes)."""
+        self._seconds, self._what = seconds, what
+        self._at = min(time.monotonic() + seconds, self._end)
+
+    def trace(self, name: str, info: dict[str, Any]) -> None:
+        if name == "connection.connect_tcp.complete":
+            sock = info["return_value"].get_extra_info("socket")
+            if sock is not None:
+                with self._cond:
+                    self._sockets.append(sock)
+
+    def _watch(self) -> None:
+        with self._cond:
+            while not self._closed:
+                left = self._at - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                whole = self._at >= self._end
+                self.expired = (f"the whole answer took over {self._total:g} s" if whole else
+                                f"{self._what} for {self._seconds:g} s")
+                for sock in self._sockets:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                return
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    """Every request: the key, no compression (a gzip bomb inflates 1000-fold) and a fresh connection."""
+    return {**_auth(api_key), "Accept-Encoding": "identity", "Connection": "close"}
+
+
+def _plain(resp: httpx.Response) -> None:
+    """Refuse an answer compressed though none was asked for: it is read raw, never inflated."""
+    encoding = resp.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise ValueError(f"{resp.request.url} answered compressed ({printable(encoding, 40)}) though asked for "
+                         "no compression (Accept-Encoding: identity); is a proxy in between?")
 
 
 def _expect(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
@@ -471,9 +592,9 @@ def _count(value: Any) -> int:
 
 
 def _read_some(resp: httpx.Response, limit: int = 1 << 16) -> bytes:
-    """Up to `limit` bytes of an error answer (enough for its message; an endless one is cut)."""
+    """Up to `limit` bytes of an answer, raw (an endless one is cut)."""
     body = b""
-    for chunk in resp.iter_bytes():
+    for chunk in resp.iter_raw():
         body += chunk
         if len(body) >= limit:
             break
@@ -492,18 +613,36 @@ def _auth(api_key: str | None) -> dict[str, str]:
 
 
 def _get(client: httpx.Client, url: str, headers: dict[str, str], quiet: bool = False) -> httpx.Response | None:
+    """A GET read whole within PROBE_TIMEOUT_S and MAX_JSON bytes; its body is in `.content`."""
+    deadline = Deadline(PROBE_TIMEOUT_S, "no whole answer", PROBE_TIMEOUT_S)
     try:
-        return client.get(url, headers=headers)
-    except httpx.HTTPError as e:
+        with client.stream("GET", url, headers={**headers, "Accept-Encoding": "identity", "Connection": "close"},
+                           extensions={"trace": deadline.trace}) as resp:
+            _plain(resp)
+            body = _read_some(resp, MAX_JSON + 1)
+            if deadline.expired:
+                raise ValueError(deadline.expired)
+            if len(body) > MAX_JSON:
+                raise ValueError(f"its answer is over {MAX_JSON:,} bytes")
+            return httpx.Response(resp.status_code, headers=resp.headers, content=body, request=resp.request)
+    except (httpx.HTTPError, ValueError) as e:
         if quiet:
             return None
-        raise ValueError(f"cannot reach {url} ({type(e).__name__}: {e}); is the server running?") from None
+        if deadline.expired or isinstance(e, ValueError):
+            raise ValueError(f"GET {url}: {deadline.expired or e}; is it an OpenAI-compatible endpoint that "
+                             "works?") from None
+        if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
+            raise ValueError(f"cannot reach {url} ({type(e).__name__}: {e}); is the server running?") from None
+        raise ValueError(f"GET {url} failed ({type(e).__name__}: {e}); is it an OpenAI-compatible endpoint that "
+                         "works?") from None
+    finally:
+        deadline.close()
 
 
 def _json(resp: httpx.Response) -> Any:
     try:
-        return resp.json()
-    except ValueError:
+        return json.loads(resp.content)
+    except (ValueError, RecursionError):
         return {}
 
 

@@ -25,7 +25,7 @@ def test_plain_http_beyond_this_machine_is_warned_about():
 
 
 @pytest.mark.slow
-def test_generate_through_the_server_with_the_key_from_the_environment(monkeypatch, capsys):
+def test_generate_through_the_server_with_the_key_from_the_environment(monkeypatch, capsys, tmp_path):
     expected = "".join(e.text for e in real_engine().session().reply(
         [{"role": "user", "content": PROMPT}], GenerationParams(temperature=0.0, max_new_tokens=10))
         if isinstance(e, TextDelta))
@@ -41,7 +41,9 @@ def test_generate_through_the_server_with_the_key_from_the_environment(monkeypat
         assert cli.main(["generate", "--max-new-tokens", "2", PROMPT]) == 2
         err = capsys.readouterr().err
         assert "--api-key" in err and "Traceback" not in err
-        assert cli.main(["generate", "--server", url, "--model", "nope", "--api-key", KEY, PROMPT]) == 2
+        key_file = tmp_path / "key"
+        key_file.write_text(KEY + "\n")
+        assert cli.main(["generate", "--server", url, "--model", "nope", "--api-key-file", str(key_file), PROMPT]) == 2
         assert "'nope' is not served" in capsys.readouterr().err
     assert cli.main(["generate", "--server", url, PROMPT]) == 2  # the server is gone
     assert "cannot reach" in capsys.readouterr().err

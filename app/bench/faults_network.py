@@ -199,7 +199,8 @@ SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: c
 
 @contextmanager
 def hostile_server(models: Any, answer: Callable[[socket.socket], None]) -> Iterator[str]:
-    """GET /v1/models answers `models`; every POST is answered by `answer(connection)`."""
+    """GET /v1/models answers `models` (or `models(connection)`, when it is a function); every POST is answered by
+    `answer(connection)`."""
     listener = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
 
@@ -211,7 +212,9 @@ def hostile_server(models: Any, answer: Callable[[socket.socket], None]) -> Iter
                 if not data:
                     return
                 head += data
-            if head.startswith(b"GET"):
+            if head.startswith(b"GET") and callable(models):
+                models(conn)
+            elif head.startswith(b"GET"):
                 body = json.dumps(models).encode()
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
                              b"Connection: close\r\n\r\n%s" % (len(body), body))
