@@ -328,14 +328,17 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"{' '.join(argv[:2])} is unavailable: {args.unavailable}")
             return args.module.run(args)
     except ValueError as e:  # bad input: the message names the value and the fix
+        end_progress()  # on its own line, not after "load: reading the weights…"
         print(f"parley: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        end_progress()
         print("parley: interrupted (nothing half-written is kept)", file=sys.stderr)
         return 130
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
+        end_progress()
         where = f" writing {e.filename}" if e.filename else ""
         print(f"parley: error: the disk is full{where}; free some space and run again", file=sys.stderr)
         return 1

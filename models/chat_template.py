@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import threading
 import time
@@ -75,10 +76,43 @@ def _sized(value: Any) -> Any:
 
 
 def _size_arguments(args: Iterable[Any]) -> None:
-    """Refuse a size argument (`center(10**10)`, `zfill`, `indent(...)`) beyond what a template can output."""
+    """Refuse a size argument (`center(10**10)`, `zfill`, `indent(...)`) beyond what a template can output,
+    and a nested value whose text would be (see `_flat_size`)."""
     for a in args:
         if isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_SIZE_ARGUMENT:
             raise jinja2.exceptions.SecurityError(f"an argument of {a} is too large for a chat template")
+        _flat_size(a)
+
+
+def _flat_size(value: Any) -> Any:
+    """Refuse a list or dict whose text (`str`, `tojson`, `join`) would pass MAX_OUTPUT: a list that holds
+    itself twice, doubled 40 times, is 40 small objects and a 2^40-character string. Sizes are summed over the
+    distinct objects (a shared one is sized once), so the walk costs what the value holds, not its text."""
+    if not isinstance(value, (list, tuple, dict)):
+        return value
+    sizes: dict[int, int] = {}
+    busy: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(value, False)]
+    while stack:
+        item, children_done = stack.pop()
+        parts = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+        if not children_done:
+            if id(item) in sizes:
+                continue
+            if id(item) in busy:
+                raise jinja2.exceptions.SecurityError("a value that contains itself")
+            busy.add(id(item))
+            stack.append((item, True))
+            stack.extend((p, False) for p in parts if isinstance(p, (list, tuple, dict)))
+            continue
+        total = 2 + sum(sizes[id(p)] if isinstance(p, (list, tuple, dict)) else len(p) + 4 if isinstance(p, str)
+                        else 8 for p in parts)
+        if total > MAX_OUTPUT:
+            raise jinja2.exceptions.SecurityError("a nested value whose text is larger than a chat template can "
+                                                  "output")
+        sizes[id(item)] = total
+        busy.discard(id(item))
+    return value
 
 
 def _size_in_format(fmt: Any) -> None:
@@ -89,7 +123,7 @@ def _size_in_format(fmt: Any) -> None:
 
 def _joined(*parts: Any) -> str:
     """`a ~ b`: the sizes are checked before the join."""
-    texts = [str(p) for p in parts]
+    texts = [str(_flat_size(p)) for p in parts]
     if sum(map(len, texts)) > MAX_OUTPUT:
         raise jinja2.exceptions.SecurityError("a concatenation larger than a chat template can output")
     return _sized("".join(texts))
@@ -100,6 +134,8 @@ def _bounded_filter(f: Any) -> Any:
     def checked(*args: Any, **kwargs: Any) -> Any:
         _budget.check()
         _size_arguments([*args[1:], *kwargs.values()])
+        if args:
+            _flat_size(args[0])
         if f.__name__ == "do_format":
             _size_in_format(args[0] if args else None)
         return _sized(f(*args, **kwargs))
@@ -154,6 +190,11 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                 raise jinja2.exceptions.SecurityError("a repetition larger than a chat template can output")
         if operator == "%":
             _size_in_format(left)
+            _size_arguments(right if isinstance(right, tuple) else [right])  # `'%*d' % (10**9, 1)`: the width
+            if isinstance(left, str) and "*" in left and not isinstance(right, tuple):
+                raise jinja2.exceptions.SecurityError("a `*` width without its arguments")
+        _flat_size(left)
+        _flat_size(right)
         if operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)) \
                 and len(left) + len(right) > MAX_OUTPUT:
             raise jinja2.exceptions.SecurityError("a concatenation larger than a chat template can output")
@@ -179,10 +220,16 @@ FAMILY_TEMPLATES = {"gemma": GEMMA_TEMPLATE, "gemma2": GEMMA_TEMPLATE, "gemma3":
 
 def read_template_file(path: str) -> str:
     """A `--chat-template` file's text, or a ModelLoadError naming it (it is compiled, sandboxed, on use)."""
+    import stat
     from pathlib import Path
 
     try:
-        text = Path(path).expanduser().read_text(encoding="utf-8")
+        fd = os.open(Path(path).expanduser(), os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device would block or never end
+            os.close(fd)
+            raise ModelLoadError(f"--chat-template {path}: not a regular file; pass a Jinja file")
+        with open(fd, encoding="utf-8") as f:
+            text = f.read(MAX_SOURCE + 1)  # longer is refused when compiled, without reading the rest
     except (OSError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"--chat-template {path}: cannot be read ({e}); pass a readable Jinja file") from None
     if not text.strip():
@@ -210,7 +257,9 @@ def compile_template(source: str) -> jinja2.Template:
             f"the model's chat template is {len(source)} characters, more than the {MAX_SOURCE} Parley accepts; "
             "fix chat_template in tokenizer_config.json (or the GGUF) or use another model"
         )
-    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols],
+                         finalize=_flat_size)  # every `{{ value }}` is sized before it becomes text
+    del env.globals["lipsum"]  # no chat template uses it; `lipsum(n=10**7)` is gigabytes of Latin
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now

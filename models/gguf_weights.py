@@ -7,6 +7,7 @@ Our Transformer rotates halves, as Hugging Face does, so those rows are permuted
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 from collections.abc import Iterator
@@ -82,15 +83,29 @@ def open_gguf(path: str | Path) -> GGUFFile:
         raise ModelLoadError(f"{path}: cannot be read ({e}); pass a readable .gguf file") from None
     try:
         return _parse(path, buf.view(np.ndarray))  # plain views: memmap subclasses slow numpy down
-    except (struct.error, IndexError, KeyError, ValueError, OverflowError, UnicodeDecodeError) as e:
+    except (struct.error, IndexError, KeyError, ValueError, OverflowError, UnicodeDecodeError, ZeroDivisionError,
+            RecursionError) as e:
         raise ModelLoadError(
             f"{path}: not a valid GGUF file, or truncated ({type(e).__name__}: {e}); re-download it"
         ) from None
 
 
+# The fewest bytes one item of a GGUF metadata array, or one key/value pair, or one tensor entry can take: every
+# count the header claims is checked against the bytes left before anything is read or allocated for it (a
+# header claiming 2^40 entries is refused at once, not read until memory runs out).
+_MIN_ITEM = {_STRING: 8, _ARRAY: 12}
+_MIN_KV, _MIN_TENSOR = 8 + 4 + 1, 8 + 4 + 4 + 8
+_MAX_NESTING = 4  # arrays of arrays: GGUF files use one level
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+
+
 def _parse(path: Path, buf: np.ndarray) -> GGUFFile:
     mem = memoryview(buf)
     pos = 0
+
+    def room(count: int, size: int, what: str) -> None:
+        if count * size > len(mem) - pos:
+            raise ValueError(f"{what} claims {count:,} entries, more than the {len(mem) - pos:,} bytes left hold")
 
     def unpack(fmt: str) -> Any:
         nonlocal pos
@@ -106,13 +121,18 @@ def _parse(path: Path, buf: np.ndarray) -> GGUFFile:
         pos += n
         return bytes(mem[pos - n : pos]).decode("utf-8")
 
-    def value(kind: int) -> Any:
+    def value(kind: int, depth: int = 0) -> Any:
         nonlocal pos
         if kind == _STRING:
             return string()
         if kind != _ARRAY:
             return unpack(_SCALARS[kind])
+        if depth >= _MAX_NESTING:
+            raise ValueError(f"metadata arrays nested over {_MAX_NESTING} deep")
         item, count = unpack("<I"), unpack("<Q")
+        if item not in _SCALARS and item not in _MIN_ITEM:
+            raise ValueError(f"metadata array of unknown type {item}")
+        room(count, struct.calcsize(_SCALARS[item]) if item in _SCALARS else _MIN_ITEM[item], "a metadata array")
         if item in _SCALARS:  # numeric arrays (token types, scores) in one read
             dtype = np.dtype(_SCALARS[item])
             end = pos + count * dtype.itemsize
@@ -121,7 +141,7 @@ def _parse(path: Path, buf: np.ndarray) -> GGUFFile:
             out = np.frombuffer(mem[pos:end], dtype=dtype).tolist()
             pos = end
             return out
-        return [value(item) for _ in range(count)]
+        return [value(item, depth + 1) for _ in range(count)]
 
     if bytes(mem[:4]) != b"GGUF":
         raise ValueError("no GGUF magic at the start")
@@ -130,22 +150,29 @@ def _parse(path: Path, buf: np.ndarray) -> GGUFFile:
     if version not in (2, 3):
         raise ValueError(f"GGUF version {version} (big-endian or too old); versions 2 and 3 are read")
     n_tensors, n_kv = unpack("<Q"), unpack("<Q")
+    room(n_kv, _MIN_KV, "the metadata")
     meta: dict[str, Any] = {}
     for _ in range(n_kv):
         key = string()
         meta[key] = value(unpack("<I"))
+    room(n_tensors, _MIN_TENSOR, "the tensor list")
     infos = []
     for _ in range(n_tensors):
         name = string()
-        dims = [unpack("<Q") for _ in range(unpack("<I"))]
+        n_dims = unpack("<I")
+        if not 1 <= n_dims <= _MAX_DIMS:
+            raise ValueError(f"tensor {name!r} has {n_dims} dimensions (1 to {_MAX_DIMS} expected)")
+        dims = [unpack("<Q") for _ in range(n_dims)]
         infos.append((name, tuple(reversed(dims)), gguf.GGMLQuantizationType(unpack("<I")), unpack("<Q")))
-    align = int(meta.get("general.alignment", 32))
+    align = meta.get("general.alignment", 32)
+    if not isinstance(align, int) or isinstance(align, bool) or align <= 0 or align & (align - 1):
+        raise ValueError(f"general.alignment is {align!r}, not a power of two")
     start = -(-pos // align) * align
     tensors = []
     for name, shape, kind, offset in infos:
         block, block_bytes = gguf.GGML_QUANT_SIZES[kind]
         row_bytes = shape[-1] // block * block_bytes
-        n_bytes = row_bytes * int(np.prod(shape[:-1], dtype=np.int64))
+        n_bytes = row_bytes * math.prod(shape[:-1])  # Python integers: a huge claimed shape cannot wrap around
         begin = start + offset
         if begin + n_bytes > len(buf):
             raise ValueError(f"tensor {name} runs past the end of the file")

@@ -42,6 +42,13 @@ def doubling(step: str, start: str = "'ab'") -> str:
     "{{ '%40000000s' % 'a' }}",
     "{{ '%-040000000d'|format(1) }}",
     "{{ '{:>40000000}'.format('a') }}",
+    # issue 36: a width from the arguments; text of a nested value that shares itself (2^40 characters)
+    "{{ '%*d' % (40000000, 1) }}",
+    "{{ '%*d' % 40000000 }}",
+    *(doubling("[ns.s, ns.s]", start="[1]").replace("{{ ns.s|length }}", out)
+      for out in ("{{ ns.s }}", "{{ ns.s|tojson }}", "{{ ns.s ~ '' }}", "{{ ns.s|string }}", "{{ ns.s|join }}",
+                  "{{ ns.s|pprint }}", "{{ ns.s + [] }}")),
+    doubling("{'a': ns.s, 'b': ns.s}", start="{}").replace("{{ ns.s|length }}", "{{ ns.s|tojson }}"),
 ])
 def test_growth_is_stopped_by_the_memory_budget(template):
     with pytest.raises(ValueError, match=r"from test: the chat template rejected these messages \(SecurityError"):
@@ -52,3 +59,9 @@ def test_ordinary_templates_still_render():
     source = ("{% for m in messages %}{{ '<|' ~ m['role'] ~ '|>' + m['content'].strip()|trim ~ '\n' }}{% endfor %}"
               "{{ messages|tojson }}{{ 'x'|center(5) }}{{ '%3d|%s' % (7, 'a') }}{{ '{:>3}'.format('b') }}")
     assert chat_template.render(source, MESSAGES) == '<|user|>hi\n[{"role": "user", "content": "hi"}]  x    7|a  b'
+
+
+def test_lipsum_is_not_offered():
+    """`lipsum(n=10**7)` writes gigabytes; no chat template uses it."""
+    with pytest.raises(ValueError, match="'lipsum' is undefined"):
+        chat_template.render("{{ lipsum() }}", MESSAGES, time_limit_s=HOUR, origin="from test")
