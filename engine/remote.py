@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -143,7 +143,8 @@ class RemoteEngine:
         headers = _auth(api_key)
         resp = _get(client, f"{url}/models", headers)
         if resp.status_code == 401 or resp.status_code == 403:
-            raise ValueError(f"{url} refused the API key ({resp.status_code}): set PARLEY_API_KEY or pass --api-key-file")
+            raise ValueError(f"{url} refused the API key ({resp.status_code}): set PARLEY_API_KEY or pass "
+                             "--api-key-file")
         if resp.status_code != 200:
             raise ValueError(f"GET {url}/models answered {resp.status_code}: {_error_message(resp)}; "
                              "is this an OpenAI-compatible endpoint (it usually ends in /v1)?")
@@ -555,10 +556,8 @@ class Deadline:
                 self.expired = (f"the whole answer took over {self._total:g} s" if whole else
                                 f"{self._what} for {self._seconds:g} s")
                 for sock in self._sockets:
-                    try:
+                    with suppress(OSError):
                         sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
                 return
 
     def close(self) -> None:

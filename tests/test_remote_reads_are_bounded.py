@@ -135,9 +135,8 @@ def test_a_whole_answer_has_a_limit(monkeypatch):
     ("headers over 100 KB", endless(b"HTTP/1.1 200 OK\r\n", b"X-Pad: " + b"p" * 1000 + b"\r\n"), "GET"),
 ])
 def test_the_model_list_is_read_within_bounds(name, models, words):
-    with hostile_server(models, lambda conn: None) as url:
-        with pytest.raises(ValueError) as e:
-            RemoteEngine.connect(url)
+    with hostile_server(models, lambda conn: None) as url, pytest.raises(ValueError) as e:
+        RemoteEngine.connect(url)
     assert words in str(e.value) and "\n" not in str(e.value), (name, str(e.value))
 
 
@@ -170,9 +169,9 @@ def test_escapes_in_reply_text_and_model_names_are_not_passed_on():
         events = reply(url)
     shown = "".join(e.text for e in events if isinstance(e, TextDelta))
     assert shown.startswith("hi\n") and "\x1b" not in shown and "\\x1b]0;pwned" in shown
-    with hostile_server({"data": [{"id": f"m{ESCAPES}"}]}, answer) as url:
-        with pytest.raises(ValueError, match="control characters") as e:
-            RemoteEngine.connect(url)
+    with hostile_server({"data": [{"id": f"m{ESCAPES}"}]}, answer) as url, \
+            pytest.raises(ValueError, match="control characters") as e:
+        RemoteEngine.connect(url)
     assert "\x1b" not in str(e.value)
 
 
