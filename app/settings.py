@@ -66,6 +66,9 @@ class Settings:
         except (OSError, ValueError) as e:
             self.problem = f"Settings file {self.path} could not be read ({e}); using defaults"
             return
+        except RecursionError:
+            self.problem = f"Settings file {self.path} nests too deeply to read; using defaults"
+            return
         if isinstance(loaded, dict):
             self.values = loaded
         else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import sqlite3
 import time
@@ -157,7 +158,7 @@ class Store:
                 return replace(w.record, id=conversation_id)
         real = self._real(conversation_id)
         row = self._read(lambda db: db.execute("SELECT * FROM conversations WHERE id = ?", (real,)).fetchone(), None)
-        return Conversation(**dict(row)) if row else None
+        return _conversation(row) if row else None
 
     def conversations(self) -> list[Conversation]:
         """Most recently used first; those not saved yet first of all."""
@@ -165,7 +166,7 @@ class Store:
             lambda db: db.execute("SELECT * FROM conversations ORDER BY updated_at DESC, id DESC").fetchall(), [])
         unsaved = [replace(w.record, id=w.provisional) for w in reversed(self._pending)
                    if isinstance(w.record, Conversation) and w.provisional is not None]
-        return unsaved + [Conversation(**dict(r)) for r in rows]
+        return unsaved + [_conversation(r) for r in rows]
 
     def rename(self, conversation_id: int, title: str) -> None:
         self._write(lambda db: db.execute("UPDATE conversations SET title = ? WHERE id = ?",
@@ -207,7 +208,7 @@ class Store:
             ).fetchall(), [], f"conversation {conversation_id} could not be read and was skipped")
         unsaved = [replace(w.record[1], id=w.provisional) for w in self._pending
                    if isinstance(w.record, tuple) and self._real(w.record[0]) == real]
-        return [StoredMessage(**dict(r)) for r in rows] + unsaved
+        return [m for m in map(_message, rows) if m is not None] + unsaved
 
     def delete_message(self, message_id: int) -> None:
         self._write(lambda db: db.execute("DELETE FROM messages WHERE id = ?", (self._real(message_id),)))
@@ -234,6 +235,7 @@ class Store:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, timeout=self._timeout, check_same_thread=False)
             self._db.row_factory = sqlite3.Row
+            self._db.text_factory = lambda raw: raw.decode("utf-8", "replace")  # a foreign row's bad UTF-8
             self._db.execute("PRAGMA foreign_keys = ON")
             self.migrate()
             return True
@@ -309,6 +311,33 @@ class _Write:
     write: Callable[[sqlite3.Connection], Any]
     provisional: int | None  # the negative id handed out for the row it makes
     record: Any  # what reads show until it is saved: a Conversation, (conversation id, StoredMessage)
+
+
+def _text(value: Any) -> str:
+    """A column read as text: SQLite keeps any type in any column, and a database edited by another program
+    may hold a BLOB, a number or NULL where Parley writes text."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return "" if value is None else str(value)
+
+
+def _time(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0.0
+
+
+def _conversation(row: sqlite3.Row) -> Conversation:
+    return Conversation(row["id"], _text(row["title"]) or "New chat", _text(row["system_prompt"]),
+                        _time(row["created_at"]), _time(row["updated_at"]))
+
+
+def _message(row: sqlite3.Row) -> StoredMessage | None:
+    """None for a row of no known role (the chat has no place for it; it stays in the database)."""
+    role = _text(row["role"])
+    if role not in ("user", "assistant"):
+        return None
+    attachment = row["attachment"]
+    return StoredMessage(row["id"], role, _text(row["content"]), None if attachment is None else _text(attachment),
+                         _time(row["created_at"]))
 
 
 def compose_user_content(text: str, attachment: str | None) -> str:

@@ -59,10 +59,12 @@ def _gemma3_switches(cfg: dict[str, Any], n_layers: int, source: str) -> dict[st
     window = _whole(cfg.get("sliding_window", 512), "sliding_window", source, LIMITS["max_position_embeddings"])
     types = cfg.get("layer_types")
     if types is None:
-        pattern = cfg.get("sliding_window_pattern", cfg.get("_sliding_window_pattern", 6))
+        key = "sliding_window_pattern" if "sliding_window_pattern" in cfg else "_sliding_window_pattern"
+        pattern = _whole(cfg.get(key, 6), key.lstrip("_"), source, 1 << 20)
         types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n_layers)]
-    if not isinstance(types, list) or len(types) != n_layers or not set(types) <= {"full_attention",
-                                                                                   "sliding_attention"}:
+    if not isinstance(types, list) or len(types) != n_layers or \
+            not all(t in ("full_attention", "sliding_attention") for t in types if isinstance(t, str)) or \
+            not all(isinstance(t, str) for t in types):
         raise ConfigError(f"{source}: layer_types must list full_attention / sliding_attention for each of the "
                           f"{n_layers} layers; fix or re-download the config")
     scalar = _positive(cfg.get("query_pre_attn_scalar", 256), "query_pre_attn_scalar", source)
@@ -120,6 +122,9 @@ class ModelConfig:
             raise ConfigError(f"{source}: expected a JSON object of settings, found a {type(cfg).__name__}; "
                               "the file is damaged or not a model config: re-download the model")
         arch = cfg.get("model_type", "")
+        if not isinstance(arch, str):
+            raise ConfigError(f"{source}: model_type is a {type(arch).__name__}, expected a name such as \"llama\"; "
+                              "fix or re-download the config")
         if arch == "gemma3" and isinstance(cfg.get("text_config"), dict):  # the multimodal wrapper's text model
             cfg = {**cfg["text_config"], "model_type": "gemma3_text"}
             arch = "gemma3_text"
@@ -166,6 +171,15 @@ class ModelConfig:
                                   "are); use a model of another configuration")
             if kind != "default":
                 _positive(rope_scaling.get("factor"), "rope_scaling.factor", source)
+            if kind == "llama3":  # what transformer.rope_frequencies reads (the two factors have defaults)
+                _positive(rope_scaling.get("original_max_position_embeddings"),
+                          "rope_scaling.original_max_position_embeddings", source)
+                low, high = (_positive(rope_scaling.get(f"{name}_freq_factor", default),
+                                       f"rope_scaling.{name}_freq_factor", source)
+                             for name, default in (("low", 1.0), ("high", 4.0)))
+                if high <= low:
+                    raise ConfigError(f"{source}: rope_scaling.high_freq_factor must exceed low_freq_factor; fix "
+                                      "or re-download the config")
         quantization = cfg.get("quantization_config")
         if quantization is not None and not isinstance(quantization, dict):
             raise ConfigError(f"{source}: quantization_config must be a JSON object, found "
@@ -206,6 +220,8 @@ class ModelConfig:
             raise ConfigError(f"{path}: no config.json; a model directory needs one") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"{path}: not valid JSON ({e}); re-download the model") from None
+        except RecursionError:
+            raise ConfigError(f"{path}: nests too deeply to be a model config; re-download the model") from None
         except OSError as e:
             raise ConfigError(f"{path}: cannot be read ({e.strerror}); check its permissions") from None
         try:

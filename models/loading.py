@@ -133,6 +133,7 @@ def assemble(config: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], d
         raise ModelLoadError(f"{source}: {e}; use a model of a supported configuration") from None
     expected = _shapes(model, config)
     linears = _decoder_linears(model) if group_size is not None else {}
+    n_linears = len(linears)
     placed: dict[str, torch.Tensor] = {}
     rope_freqs = inv_freq = None
     for name, tensor in weights:
@@ -164,6 +165,10 @@ def assemble(config: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], d
         if tensor.is_floating_point():  # INT4 scales stay fp16, as the kernels read them; packed ints as stored
             tensor = tensor.to(torch.float16 if name.endswith(".scales") else dtype)
         placed[name] = tensor.to(device)
+    if n_linears and len(linears) == n_linears:  # not one qweight: a full-precision model under an AWQ label
+        raise ModelLoadError(f"{source}: config.json says AWQ (quantization_config) but the weights hold no "
+                             "qweight; re-download the AWQ checkpoint, or delete quantization_config to load "
+                             "them as full precision")
     missing = sorted(set(expected) - set(placed))
     if missing:
         raise ModelLoadError(

@@ -53,7 +53,7 @@ def cache_key(folder: Path, head_bits: int, head: str = "", rotated_down: bool =
         weights = files["model.safetensors"]["sha256"]
         if rotated_down:
             weights += "|" + files[hadamard.FILE]["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
     code = b"".join(Path(m.__file__).read_bytes() for m in (native, native_step, head4, gptq))
     text = f"{FORMAT}|{weights}|{head_bits}{head}|".encode() + hashlib.sha256(code).digest()

@@ -195,7 +195,7 @@ def weight_files(path: Path) -> list[str]:
     if index.is_file():
         try:
             weight_map: dict[str, Any] = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
             raise ModelLoadError(f"{index}: not a valid safetensors index ({e}); re-download the model") from None
         if not isinstance(weight_map, dict):
             raise ModelLoadError(f"{index}: weight_map is a {type(weight_map).__name__}, expected an object "

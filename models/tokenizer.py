@@ -235,6 +235,8 @@ def _read_json(path: Path) -> dict[str, Any]:
         return {}
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ModelLoadError(f"{path}: nests too deeply to be a tokenizer file; re-download the model") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"{path}: not valid JSON ({e}); re-download the model") from None
     return value if isinstance(value, dict) else {}

@@ -489,6 +489,25 @@ def broken_inputs(root: Path) -> list[tuple[str, Path, list[str]]]:
     variant("template-doubling", template("{% set ns = namespace(s='ab') %}{% for i in range(64) %}"
                                           "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}"), "chat template")
     variant("template-zfill", template("{{ 'a'.zfill(10000000000) }}"), "chat template")
+    # issue 36: values of the wrong JSON type, deep nesting, text built from a nested value, a mislabelled folder
+    variant("template-nested-list", template("{% set ns = namespace(l=[1]) %}{% for i in range(40) %}"
+                                             "{% set ns.l = [ns.l, ns.l] %}{% endfor %}{{ ns.l }}"), "chat template")
+    variant("template-star-width", template("{{ '%*d' % (10000000000, 1) }}"), "chat template")
+    variant("config-model_type-list", config("model_type", ["llama"]), "model_type")
+    variant("config-model_type-object", config("model_type", {"name": "llama"}), "model_type")
+
+    def gemma(**fields: Any) -> Callable[[Path], None]:
+        return lambda d: [config(k, v)(d) for k, v in {"model_type": "gemma3_text", **fields}.items()]
+
+    variant("config-layer_types-object", gemma(layer_types={"0": "full_attention"}), "layer_types")
+    variant("config-layer_types-lists", gemma(layer_types=[["full_attention"], [1]]), "layer_types")
+    variant("config-sliding_window_pattern-0", gemma(sliding_window_pattern=0), "sliding_window_pattern")
+    variant("config-sliding_window_pattern-text", gemma(sliding_window_pattern="6"), "sliding_window_pattern")
+    variant("config-rope-llama3-without-factors", config("rope_scaling", {"rope_type": "llama3", "factor": 8.0}),
+            "original_max_position_embeddings")
+    variant("config-nested-100000", write("config.json", b"[" * 100_000 + b"]" * 100_000), "config.json")
+    variant("awq-without-qweight", config("quantization_config", {"quant_method": "awq", "bits": 4, "group_size": 32,
+                                                                 "version": "gemm", "zero_point": True}), "qweight")
 
     gguf = embedded_model_path().read_bytes()
     for name, data in [("gguf-cut3", gguf[:3]), ("gguf-cut100", gguf[:100]), ("gguf-cut5000", gguf[:5000]),
@@ -503,7 +522,23 @@ def broken_inputs(root: Path) -> list[tuple[str, Path, list[str]]]:
         path = root / f"gguf-{key.split('.')[-1]}.gguf"
         path.write_bytes(_patch_u32(gguf, key, value))
         cases.append((path.stem, path, [path.name, shown]))
+    for name, data in [("gguf-kv-2^40", gguf[:16] + struct.pack("<Q", 1 << 40) + gguf[24:]),
+                       ("gguf-tensors-2^40", gguf[:8] + struct.pack("<Q", 1 << 40) + gguf[16:]),
+                       ("gguf-tokens-2^40", _patch_array_count(gguf, "tokenizer.ggml.tokens", 1 << 40)),
+                       ("gguf-token_type-2^40", _patch_array_count(gguf, "tokenizer.ggml.token_type", 1 << 40))]:
+        path = root / f"{name}.gguf"
+        path.write_bytes(data)
+        cases.append((name, path, [path.name]))
     return cases
+
+
+def _patch_array_count(gguf: bytes, key: str, count: int) -> bytes:
+    """The GGUF with the metadata array `key` claiming `count` entries (its data left as it is)."""
+    name = key.encode()
+    at = gguf.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+    if struct.unpack_from("<I", gguf, at)[0] != 9:
+        raise ValueError(f"{key} is not an array in the embedded GGUF")
+    return gguf[: at + 8] + struct.pack("<Q", count) + gguf[at + 16 :]
 
 
 LIMIT_HINT = 1 << 22  # config sizes above this fail as out of bounds; below, against the weights' shapes

@@ -27,8 +27,10 @@ def cached_models(root: Path | None = None) -> list[str]:
     for manifest in sorted(root.glob("*/manifest.json")) if root.is_dir() else []:
         try:
             source = json.loads(manifest.read_text())["source"]
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             continue  # a damaged or foreign folder: not offered
+        if not isinstance(source, dict):
+            continue
         ref = source.get("repo_id") or source.get("path") or source.get("ref")
         if isinstance(ref, str) and ref not in found:
             found.append(ref)

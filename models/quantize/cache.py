@@ -160,8 +160,10 @@ def verify(folder: Path, key: dict[str, Any]) -> str | None:
         manifest = json.loads((folder / MANIFEST).read_text())
     except FileNotFoundError:
         return "no manifest (an interrupted build?)"
-    except (OSError, ValueError) as e:
-        return f"unreadable manifest ({e})"
+    except (OSError, ValueError, RecursionError) as e:
+        return f"unreadable manifest ({type(e).__name__})"
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files") or {}, dict):
+        return "its manifest is not a JSON object of files"
     if manifest.get("key") != key:
         return "its manifest records another source or other settings"
     listed = manifest.get("files") or {}
