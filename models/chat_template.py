@@ -173,6 +173,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         _budget.check()
+        if attribute in ("format", "format_map") and isinstance(obj, str):  # jinja returns its own wrapper,
+            _size_in_format(obj)  # which `call` cannot see through: the width is checked here
         return super().getattr(obj, attribute)
 
     def getitem(self, obj: Any, argument: Any) -> Any:

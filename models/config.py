@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelLoadError
+from .errors import ModelLoadError, printable
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
 ROPE_TYPES = ("default", "linear", "llama3")  # what transformer.rope_frequencies implements
@@ -32,13 +33,24 @@ class ConfigError(ModelLoadError):
     """A model's configuration that Parley cannot run; the message says which file, which field and what to do."""
 
 
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict = 3, 4, 4
+
+
+def _shown(value: Any) -> str:
+    """A config value as an error message shows it: short (a 10,000-character string, a list nested 50,000
+    deep) and with control characters escaped."""
+    return printable(_REPR.repr(value))
+
+
 def _whole(value: Any, name: str, source: str, limit: int) -> int:
     """`value` as a size in [1, limit], or a ConfigError naming the field."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
         raise ConfigError(
-            f"{source}: {name} is {value!r}; expected a whole number from 1 to {limit}. The config is damaged "
+            f"{source}: {name} is {_shown(value)}; expected a whole number from 1 to {limit}. The config is damaged "
             "or not a model config: re-download the model, or fix that field"
         )
     return value
@@ -48,7 +60,7 @@ def _positive(value: Any, name: str, source: str) -> float:
     """`value` as a finite positive float, or a ConfigError naming the field."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ConfigError(
-            f"{source}: {name} is {value!r}; expected a positive number. The config is damaged: re-download the "
+            f"{source}: {name} is {_shown(value)}; expected a positive number. The config is damaged: re-download the "
             "model, or fix that field"
         )
     return float(value)
@@ -131,7 +143,7 @@ class ModelConfig:
         arch = {"gemma3_text": "gemma3"}.get(arch, arch)
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ConfigError(
-                f"{source}: model_type {arch!r} is not supported; Parley runs "
+                f"{source}: model_type {_shown(arch)} is not supported; Parley runs "
                 f"{', '.join(SUPPORTED_ARCHITECTURES)}. Pick a model of one of those families."
             )
 
@@ -167,8 +179,8 @@ class ModelConfig:
         if rope_scaling is not None:
             kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
             if kind not in ROPE_TYPES:
-                raise ConfigError(f"{source}: rope_scaling type {kind!r} is not supported ({', '.join(ROPE_TYPES)} "
-                                  "are); use a model of another configuration")
+                raise ConfigError(f"{source}: rope_scaling type {_shown(kind)} is not supported "
+                                  f"({', '.join(ROPE_TYPES)} are); use a model of another configuration")
             if kind != "default":
                 _positive(rope_scaling.get("factor"), "rope_scaling.factor", source)
             if kind == "llama3":  # what transformer.rope_frequencies reads (the two factors have defaults)
@@ -245,7 +257,7 @@ class ModelConfig:
         arch = meta.get("general.architecture", "")
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ConfigError(
-                f"{path}: architecture {arch!r} is not supported; Parley runs "
+                f"{path}: architecture {_shown(arch)} is not supported; Parley runs "
                 f"{', '.join(SUPPORTED_ARCHITECTURES)}. Pick a GGUF of one of those families."
             )
         shapes = {t.name: t.shape for t in file.tensors}

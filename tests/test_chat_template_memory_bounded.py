@@ -65,3 +65,10 @@ def test_lipsum_is_not_offered():
     """`lipsum(n=10**7)` writes gigabytes; no chat template uses it."""
     with pytest.raises(ValueError, match="'lipsum' is undefined"):
         chat_template.render("{{ lipsum() }}", MESSAGES, time_limit_s=HOUR, origin="from test")
+
+
+def test_a_format_width_is_refused_before_the_string_is_built():
+    """Jinja hands templates its own wrapper of `str.format`: the width is checked when the method is looked up,
+    not after a 1 GB string was made (the fuzzer's seed 2000247)."""
+    with pytest.raises(ValueError, match="a format width too large"):
+        chat_template.render("{{ '{:>1000000000}'.format('a') }}", MESSAGES, time_limit_s=HOUR, origin="from test")
