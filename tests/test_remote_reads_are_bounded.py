@@ -193,3 +193,20 @@ def test_requests_ask_for_no_compression_and_no_reuse():
         engine = RemoteEngine.connect(url, client=httpx.Client(transport=Spy()))
         list(engine.session().reply([{"role": "user", "content": "hi"}], GenerationParams(max_new_tokens=2)))
     assert seen and all(h["accept-encoding"] == "identity" and h["connection"] == "close" for h in seen)
+
+
+def test_a_slow_steady_stream_is_not_cut(monkeypatch):
+    """Each piece of text starts the wait over: a reply slower in all than PROGRESS_TIMEOUT_S, but never that
+    slow between two pieces, ends normally."""
+    monkeypatch.setattr(remote, "PROGRESS_TIMEOUT_S", 3.0)
+
+    def steady(conn: socket.socket) -> None:
+        conn.sendall(SSE_HEAD)
+        for _ in range(16):
+            time.sleep(0.3)
+            conn.sendall(CHUNK)
+        conn.sendall(b'data: {"choices": [{"delta": {}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n')
+
+    with hostile_server(MODELS, steady) as url:
+        events = reply(url, max_new_tokens=100)
+    assert events[-1] == Done("eos") and sum(isinstance(e, TextDelta) for e in events) == 16

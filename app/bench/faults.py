@@ -1,6 +1,6 @@
 """Reliability figures: kill -9 during quantization, a long conversation soak, broken model files, bad live params.
 
-Seven checks (`--only` picks some), summed up in one table: inputs tried, handled cleanly, tracebacks, hangs,
+Eight checks (`--only` picks some), summed up in one table: inputs tried, handled cleanly, tracebacks, hangs,
 data lost.
 - kill: `parley quantize` of a tiny model (a subprocess, its own cache folder) SIGKILLed at seeded random moments of a
   build; after each kill no folder a load would use is partial, and the next complete run leaves no
@@ -19,6 +19,8 @@ data lost.
   half-closed requests, resets, near-miss API keys); see `bench_faults_network`.
 - remote: hostile servers against the `--server` backend (malformed model lists and events, silence, a
   server that ignores max_tokens, an endless line).
+- fuzz: --fuzz seeded mutations of each of a model config, a GGUF header, a chat template and an HTTP request
+  (`bench_fuzz`); a failure prints the seed that rebuilds it.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from typing import Any
 
 from .harness import add_json_argument, emit, median
 
-CHECKS = ("kill", "soak", "inputs", "params", "cancel", "serve", "remote")
+CHECKS = ("kill", "soak", "inputs", "params", "cancel", "serve", "remote", "fuzz")
 QUANTIZE_FLAGS = ["--calib", "builtin", "--samples", "4", "--seq-len", "32"]
 
 
@@ -59,6 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quant", default="awq", choices=("awq", "none"),
                    help="the engine the cancel check runs on (default awq, the default engine)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (kill moments, values)")
+    p.add_argument("--fuzz", type=int, default=500, metavar="N",
+                   help="fuzz cases of each kind: config, GGUF header, chat template, HTTP request (default 500)")
     p.add_argument("--case-timeout", type=float, default=180.0,
                    help="seconds a broken-input case may take before it counts as a hang")
     add_json_argument(p)
@@ -96,6 +100,10 @@ def run(args: argparse.Namespace) -> int:
 
                 results["serve"] = serve_cases(engine, args.case_timeout)
                 say(f"serve: {results['serve']['clean']}/{results['serve']['tried']} handled cleanly")
+        if "fuzz" in only:
+            from .fuzz import fuzz
+
+            results["fuzz"] = fuzz(args.fuzz, args.seed, say=say)
         if "cancel" in only:
             from ...engine.engine import Engine
 
@@ -127,6 +135,8 @@ def table(results: dict[str, Any]) -> list[dict[str, Any]]:
         if key in results:
             r = results[key]
             rows.append((name, r["tried"], r["clean"], r["tracebacks"], r["hangs"], r["data_lost"]))
+    for kind, r in results.get("fuzz", {}).items():
+        rows.append((f"fuzz: {kind}", r["cases"], r["cases"] - len(r["failures"]), len(r["failures"]), 0, 0))
     names = ("check", "tried", "clean", "tracebacks", "hangs", "data_lost")
     rows.append(("total", *(sum(r[i] for r in rows) for i in range(1, 6))))
     return [dict(zip(names, r, strict=True)) for r in rows]
@@ -141,6 +151,9 @@ def lines(results: dict[str, Any]) -> list[str]:
     for key in ("serve", "remote"):
         for f in results.get(key, {}).get("failures", []):
             out.append(f"  FAIL {key}: {f['case']}: {f['why']}: {f['detail']}")
+    for kind, r in results.get("fuzz", {}).items():
+        for f in r["failures"]:
+            out.append(f"  FAIL fuzz {kind} seed {f['seed']}: {f['why']}")
     if "kill" in results:
         k = results["kill"]
         out.append(f"kill -9 during quantize: {k['kills']} kills over a {k['build_s']:.0f} s build; partial folders "
