@@ -314,7 +314,7 @@ MUTANTS: list[Mutant] = [
     Mutant("gguf-kv-count-unchecked", "models/gguf_weights.py",
            '    room(n_kv, _MIN_KV, "the metadata")\n',
            "",
-           ("tests/test_hostile_model_files_one_line.py",)),
+           ("tests/test_hostile_model_files_one_line.py::test_one_line_naming_the_file_and_what_to_do",)),
     Mutant("remote-no-progress-deadline", "engine/remote.py",
            "                        deadline.extend(PROGRESS_TIMEOUT_S, \"no text\")\n"
            "                        text += piece",
