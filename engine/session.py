@@ -16,7 +16,7 @@ from .events import Done, Event, Notice, Prefill, Stats, TextDelta
 from .params import GenerationParams, checked
 from .reply_stats import ReplyStats
 from .speculation_pay import PayCheck, best_length
-from .speculative import AdaptiveDraftLength, depth_first, verify, verify_tree
+from .speculative import AdaptiveDraftLength, Proposal, depth_first, verify, verify_tree
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -102,35 +102,37 @@ class Session:
             auto = params.speculation == "auto" and drafter is not None
             adapt.k_max = params.draft_tokens
             k = min(adapt.k, target.max_len - len(context), budget - 1) if drafter else 0
+            calibration = (landed + 1) / (expected + 1)
             shadow: list[int] = []
             if auto and (pay.needs_plain_round or not pay.pays()):
                 k = 0  # auto: measure one plain round to compare with, or drafting was measured not to pay
-                if pay.shadowing and getattr(drafter, "cheap", False):  # guess anyway; plain decoding judges it
+                if pay.shadowing and drafter.cheap:  # guess anyway; plain decoding judges it
                     room = min(params.draft_tokens, budget - 1, target.max_len - len(context))
-                    shadow = self._shadow_guesses(drafter, context, room, params, cost, (landed + 1) / (expected + 1))
-            draft, q = drafter.propose(context, k, params, generator) if k > 0 else ([], None)
-            scores = getattr(drafter, "scores", None) if draft and q is None else None
-            parents = getattr(drafter, "parents", None) if scores else None
-            if scores:  # verify the guesses worth their share of a longer pass (measured costs); at least
-                # one, so the cost of longer passes and how well guesses land go on being measured
-                del draft[max(1, best_length(scores, cost, (landed + 1) / (expected + 1))):]
-                del draft[target.max_len - len(context):]  # a tree's nodes (more than k) each take a slot
+                    shadow = self._shadow_guesses(drafter, context, room, params, cost, calibration)
+            guess = drafter.propose(context, k, params, generator) if k > 0 else Proposal()
+            if guess.scores:  # verify the guesses worth their share of a longer pass (measured costs); at least
+                # one, so the cost of longer passes and how well guesses land go on being measured; a tree's
+                # nodes (more than k) each take a slot of the window
+                guess = guess.first(min(max(1, best_length(guess.scores, cost, calibration)),
+                                        target.max_len - len(context)))
+            draft = guess.tokens
             # forward + verify: one target pass scores every guess and decides one token past them
             verifying = round_clock()
             pay.shadow(shadow, verifying - started)
-            if parents and target.trees and any(p != i - 1 for i, p in enumerate(parents[: len(draft)])):
-                new, path, depth = self._verify_tree(draft, parents[: len(draft)], pending, context, params, generator)
+            if guess.branches and target.trees:
+                new, path, depth = self._verify_tree(draft, guess.parents, pending, context, params, generator)
             else:
                 logits = target.forward([pending, *draft])
-                new = verify(sampling.probs(logits, params, history=context, drafted=draft), draft, q, generator)
+                new = verify(sampling.probs(logits, params, history=context, drafted=draft), draft, guess.q,
+                             generator)
                 path, depth = None, len(draft)
             adapt.update(depth, len(new) - 1)
             done = round_clock()
             cost.add(1 + len(draft), done - verifying)  # the pass; the drafting is judged with the round
-            pay.add(len(draft), len(new), done - started)
+            pay.add(len(draft), len(new), verifying - started)
             pay.saw(new)
-            if scores:
-                landed, expected = landed + len(new) - 1, expected + sum(scores[: len(draft)])
+            if guess.scores:
+                landed, expected = landed + len(new) - 1, expected + sum(guess.scores)
             # commit what is shown: up to a stop token (whose KV is never claimed) and the budget
             shown, stopped = cut(new, eng.tokenizer.stop_ids, budget)
             kept = 1 + len(shown) if stopped else len(shown)
@@ -154,12 +156,12 @@ class Session:
     def _shadow_guesses(drafter, context: list[int], k: int, params: GenerationParams, cost,
                         calibration: float) -> list[int]:
         """A cheap drafter's chain of guesses for `context`, cut to those a drafted round would verify."""
-        guesses, _ = drafter.propose(context, k, params) if k > 0 else ([], None)
-        if getattr(drafter, "parents", None):
+        guess = drafter.propose(context, k, params) if k > 0 else Proposal()
+        if guess.parents is not None:
             return []  # a tree: not judged by shadows (`auto` drafts chains)
-        if guesses and (scores := getattr(drafter, "scores", None)):
-            del guesses[max(1, best_length(scores, cost, calibration)):]
-        return guesses
+        if guess.scores:
+            guess = guess.first(max(1, best_length(guess.scores, cost, calibration)))
+        return guess.tokens
 
     def _verify_tree(self, draft: list[int], parents: list[int], pending: int, context: list[int],
                      params: GenerationParams, generator) -> tuple[list[int], list[int], int]:

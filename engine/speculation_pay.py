@@ -3,7 +3,10 @@ maximises expected tokens per second, and the `auto` mode's decisions to pause a
 
 Why measured, not assumed: what a k-token verification pass costs against a 1-token pass depends on
 the device, the kernels and the context depth (on the 2-core CPU a 17-token pass at 2,000 tokens of
-context cost 6.9x a 1-token pass). Every choice here uses only rounds already run, so it changes how
+context cost 6.9x a 1-token pass). Why medians: a neighbouring process, a page fault or the drafter's
+first round (indexing a pasted document) makes single rounds many times dearer; a moving average
+follows such a stall, a median of recent passes does not (issue 33: `auto` paused a drafter worth 1.45x
+because a few slow rounds said so). Every choice here uses only rounds already run, so it changes how
 many tokens a pass verifies, never which tokens are emitted.
 """
 
@@ -11,39 +14,48 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from statistics import median
 
 PRIOR_SLOPE = 0.15  # the cost of one more verified token, in 1-token passes, before any is measured
-EMA = 0.25  # weight of a new measurement
+SAMPLES = 31  # passes (and drafting times) each median is taken over: the most recent ones
 
 
 class PassCost:
-    """cost(T) ~ base + slope * (T - 1): seconds of one round whose target pass reads T tokens
-    (drafting and verification included), from moving averages of the rounds the engine ran."""
+    """cost(T) ~ base + slope * (T - 1): seconds of a target pass that reads T tokens, fitted robustly:
+    base is the median of recent 1-token passes, slope the median of (seconds - base) / (T - 1) over
+    recent longer passes (a Theil-Sen-like fit anchored at T = 1), so a stalled pass moves neither."""
 
     def __init__(self) -> None:
-        self.base: float | None = None  # seconds of a 1-token round
-        self.slope: float | None = None  # seconds per extra token
-        self._pending: list[tuple[int, float]] = []  # longer rounds seen before any 1-token round
+        self._ones: deque[float] = deque(maxlen=SAMPLES)  # seconds of recent 1-token passes
+        self._longer: deque[tuple[int, float]] = deque(maxlen=2 * SAMPLES)  # (tokens, seconds) of longer ones
 
     def add(self, tokens: int, seconds: float) -> None:
         if tokens <= 1:
-            self.base = seconds if self.base is None else (1 - EMA) * self.base + EMA * seconds
-            pending, self._pending = self._pending, []
-            for t, s in pending:
-                self.add(t, s)
-            return
-        if self.base is None:
-            self._pending = [*self._pending[-15:], (tokens, seconds)]
-            return
-        slope = max(0.0, (seconds - self.base) / (tokens - 1))
-        self.slope = slope if self.slope is None else (1 - EMA) * self.slope + EMA * slope
+            self._ones.append(seconds)
+        else:
+            self._longer.append((tokens, seconds))
+
+    @property
+    def base(self) -> float | None:
+        """Seconds of a 1-token pass (None until one is timed)."""
+        return median(self._ones) if self._ones else None
+
+    @property
+    def slope(self) -> float | None:
+        """Seconds per extra token of a pass (None until a longer pass and a 1-token pass are timed)."""
+        base = self.base
+        if base is None or not self._longer:
+            return None
+        return max(0.0, median((seconds - base) / (tokens - 1) for tokens, seconds in self._longer))
 
     def ratio(self, tokens: int) -> float:
         """cost(tokens) / cost(1)."""
-        if self.base is None or self.base <= 0:
+        base = self.base
+        if base is None or base <= 0:
             return 1 + PRIOR_SLOPE * (tokens - 1)
-        slope = self.slope if self.slope is not None else PRIOR_SLOPE * self.base
-        return 1 + slope * (tokens - 1) / self.base
+        slope = self.slope
+        slope = slope if slope is not None else PRIOR_SLOPE * base
+        return 1 + slope * (tokens - 1) / base
 
 
 def best_length(scores: Sequence[float], cost: PassCost, calibration: float = 1.0) -> int:
@@ -62,20 +74,23 @@ def best_length(scores: Sequence[float], cost: PassCost, calibration: float = 1.
 class PayCheck:
     """The `auto` mode's judgement over one reply, revised as the reply goes on.
 
-    On: after `min_rounds` drafted rounds, drafting goes on while its tokens per second over the last
-    `window` drafted rounds are at least plain decoding's (one token per timed 1-token round). The first
-    drafted round is never counted: it carries the drafter's one-off catching up with the prompt
-    (indexing a pasted document, a draft model's prefill).
+    The verdict is a model, not a stopwatch: each drafted round counts the tokens it decided (what landed,
+    which the machine's load cannot change) against what the round is modelled to cost in plain rounds,
+    (drafting + cost(1 + guesses)) / (overhead + cost(1)), with the pass cost from `PassCost`'s median fit
+    and drafting and a plain round's overhead the medians of recent rounds. A stall (a busy neighbour, a
+    slow first round) is one sample among many and moves no median, so it moves no verdict.
+
+    On: after `min_rounds` drafted rounds, drafting goes on while the last `window` drafted rounds are
+    modelled at least as fast as plain decoding. The first drafted round is never counted: it carries the
+    drafter's one-off catching up with the prompt (indexing a pasted document, a draft model's prefill).
 
     Off (paused): plain rounds. A cheap drafter (suffix match, prompt lookup: no model pass) goes on
     guessing without anything being verified, and each such shadow guess is scored against the tokens
     plain decoding then emits: what a drafted round would have decided (the matched guesses and one
-    more) and what it would have cost (the drafting timed, the pass from the measured costs). Drafting
-    resumes once the last `shadows` shadows (2 at least) say it would run `resume` times plain decoding's speed: a
-    reply that starts to quote the pasted document after a stretch of free text. A dear drafter (a draft
-    model) is instead tried again after `backoff` plain rounds, twice as many each time it is paused.
-    Why shadows: a drafter judged on a reply's first rounds used to stay off for the rest of the reply,
-    and re-trying it blindly costs dear passes each time; a shadow costs a trie lookup.
+    more) and what it would have cost (modelled as above). Drafting resumes once the last `shadows`
+    shadows (2 at least) say it would run `resume` times plain decoding's speed: a reply that starts to
+    quote the pasted document after a stretch of free text. A dear drafter (a draft model) is instead
+    tried again after `backoff` plain rounds, twice as many each time it is paused.
     """
 
     def __init__(self, cost: PassCost, min_rounds: int = 6, window: int = 12, shadows: int = 4,
@@ -86,20 +101,35 @@ class PayCheck:
         self.note = ""  # why speculation is paused, in plain words ("" while it is on)
         self.pauses = 0  # how often this reply paused drafting
         self._warm = False
-        self._recent: deque[tuple[int, float]] = deque(maxlen=window)  # drafted rounds: (tokens, seconds)
-        self._shadows: deque[tuple[int, float]] = deque(maxlen=shadows)  # shadow rounds, as if drafted
-        self._shadow: tuple[list[int], int, float] | None = None  # guesses, how many matched, drafting seconds
+        self._recent: deque[tuple[int, int]] = deque(maxlen=window)  # drafted rounds: (guesses, tokens)
+        self._shadows: deque[tuple[int, int]] = deque(maxlen=shadows)  # shadow rounds as if drafted: the same
+        self._shadow: tuple[list[int], int] | None = None  # the open shadow: guesses, how many matched
+        self._shadowed = False  # this round's drafting time is a shadow's (not a plain round's overhead)
+        self._drafting: deque[float] = deque(maxlen=SAMPLES)  # seconds of drafting a round's guesses
+        self._overhead: deque[float] = deque(maxlen=SAMPLES)  # the same stretch of a plain round
         self._plain_rounds = 0  # plain rounds since the pause
 
     def add(self, drafted: int, tokens: int, seconds: float) -> None:
-        """One round: `drafted` guesses verified, `tokens` decided, in `seconds` (drafting included)."""
+        """One round: `drafted` guesses verified, `tokens` decided; `seconds`: the time from the round's start
+        to its pass (drafting, or a shadow's, or a plain round's bookkeeping)."""
+        shadowed, self._shadowed = self._shadowed, False
         if not drafted:
             self._plain_rounds += bool(self.note)
+            (self._drafting if shadowed else self._overhead).append(seconds)
         elif not self._warm:
-            self._warm = True
+            self._warm = True  # its drafting time is the one-off catching up: not a sample either
         else:
             self.rounds += 1
-            self._recent.append((tokens, seconds))
+            self._recent.append((drafted, tokens))
+            self._drafting.append(seconds)
+
+    def round_cost(self, guesses: int) -> float:
+        """What a round verifying `guesses` guesses costs, in plain rounds (modelled; see the class)."""
+        base = self.cost.base
+        assert base is not None
+        overhead = median(self._overhead) if self._overhead else 0.0
+        drafting = median(self._drafting) if self._drafting else overhead
+        return (drafting + base * self.cost.ratio(1 + guesses)) / max(1e-12, overhead + base)
 
     @property
     def needs_plain_round(self) -> bool:
@@ -125,22 +155,23 @@ class PayCheck:
         if speedup >= 1.0:
             return True
         self.pauses += 1
-        per_pass = sum(t for t, _ in self._recent) / len(self._recent)
+        per_pass = sum(t for _, t in self._recent) / len(self._recent)
         self.note = (f"speculation paused: guesses were too rarely right to pay ({per_pass:.1f} "
                      f"tokens per pass, {speedup:.2f}x plain decoding's speed); it is tried again as the reply goes on")
         self._plain_rounds = 0
         return False
 
     def shadow(self, guesses: list[int], seconds: float) -> None:
-        """Guesses a paused drafter made this round (nothing verified), and the seconds drafting them took."""
+        """Guesses a paused drafter made this round (nothing verified), and the seconds drafting them took
+        (`add` then receives them as this round's drafting time)."""
         if guesses and self.shadowing:
-            self._shadow = (list(guesses), 0, seconds)
+            self._shadow, self._shadowed = (list(guesses), 0), True
 
     def saw(self, new: list[int]) -> None:
         """The tokens a round decided: scores the open shadow guess against them."""
         if self._shadow is None:
             return
-        guesses, matched, seconds = self._shadow
+        guesses, matched = self._shadow
         for token in new:
             if token != guesses[matched]:
                 break
@@ -148,16 +179,14 @@ class PayCheck:
             if matched == len(guesses):
                 break
         else:  # every token of this round matched, and guesses are left: the shadow stays open
-            self._shadow = (guesses, matched, seconds)
+            self._shadow = (guesses, matched)
             return
         self._shadow = None  # a drafted round would have decided the matched guesses and one token more
-        assert self.cost.base is not None
-        self._shadows.append((matched + 1, seconds + self.cost.base * self.cost.ratio(1 + len(guesses))))
+        self._shadows.append((len(guesses), matched + 1))
 
-    def _speedup(self, rounds: deque[tuple[int, float]]) -> float:
-        """Tokens per second of these rounds against plain decoding's."""
-        assert self.cost.base is not None
-        return sum(t for t, _ in rounds) * self.cost.base / max(1e-12, sum(s for _, s in rounds))
+    def _speedup(self, rounds: deque[tuple[int, int]]) -> float:
+        """Tokens per modelled plain-round time of these rounds: plain decoding makes 1."""
+        return sum(t for _, t in rounds) / sum(self.round_cost(g) for g, _ in rounds)
 
     def _restart(self) -> None:
         self.note, self.rounds = "", 0

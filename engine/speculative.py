@@ -12,7 +12,7 @@ deterministic guesses.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -26,13 +26,45 @@ from .sampling import probs, sample
 from .suffix_trie import SuffixTrie
 
 
+@dataclass
+class Proposal:
+    """A drafter's guesses for one round, all the reply loop needs to verify them.
+
+    tokens: the guesses, a chain (each follows the one before) unless `parents` says otherwise.
+    q: the distributions [n, V] they were drawn from (a draft model); None for deterministic guesses (q is
+    then one-hot on each). scores: a deterministic drafter's running probability that the first i + 1
+    guesses all land (what `best_length` trades against the pass cost); None when it has none.
+    parents: a tree: each guess's parent (-1: the pending token; else an earlier guess, so any prefix is a
+    tree); None for a chain.
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    q: Tensor | None = None
+    scores: list[float] | None = None
+    parents: list[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def branches(self) -> bool:
+        """Whether the guesses form a tree with a fork (a chain is verified by the one-pass chain rule)."""
+        return self.parents is not None and any(p != i - 1 for i, p in enumerate(self.parents))
+
+    def first(self, n: int) -> Proposal:
+        """The first n guesses (a prefix of a tree is a tree: parents come before their children)."""
+        return Proposal(self.tokens[:n], None if self.q is None else self.q[:n],
+                        None if self.scores is None else self.scores[:n],
+                        None if self.parents is None else self.parents[:n])
+
+
 class Drafter(Protocol):
     name: str  # shown in the reply's figures: "prompt lookup", or which draft model
+    cheap: bool  # no model pass: `auto` may keep guessing while paused, to see whether guesses would land
 
     def propose(self, context: list[int], k: int, params: GenerationParams,
-                generator: torch.Generator | None = None) -> tuple[list[int], Tensor | None]:
-        """Up to k guessed next tokens for `context`, and the distributions [n, V] they were drawn from
-        (None for a deterministic drafter: q is then one-hot on each guess)."""
+                generator: torch.Generator | None = None) -> Proposal:
+        """Up to k guessed next tokens for `context` (a tree may hold more nodes than k; none deeper)."""
         ...
 
 
@@ -127,16 +159,16 @@ class PromptLookup:
         self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
 
     def propose(self, context: list[int], k: int, params: GenerationParams | None = None,
-                generator: torch.Generator | None = None) -> tuple[list[int], Tensor | None]:
+                generator: torch.Generator | None = None) -> Proposal:
         if k <= 0:
-            return [], None
+            return Proposal()
         self._extend(context)
         n_ctx = len(context)
         for n in range(min(self.max_n, n_ctx - 1), self.min_n - 1, -1):
             start = self._index[n].get(tuple(context[-n:]))
             if start is not None:
-                return context[start + n : start + n + k], None
-        return [], None
+                return Proposal(context[start + n : start + n + k])
+        return Proposal()
 
     def _extend(self, context: list[int]) -> None:
         """Index every n-gram of `context` that has at least one token after it."""
@@ -175,31 +207,28 @@ class SuffixMatch:
         self.trie = SuffixTrie(depth)
         self.per_match, self.min_score, self.width, self.nodes = per_match, min_score, width, nodes
         self.name = "suffix tree" if width > 1 else "suffix match"
-        self.scores: list[float] = []  # the running probability after each guess of the last proposal
-        # with width > 1, each guess's parent in the last proposal (-1: the context's end; else an earlier
-        # guess): several candidates where the counts leave the next token in doubt, verified in one pass
-        self.parents: list[int] | None = None
 
     def propose(self, context: list[int], k: int, params: GenerationParams | None = None,
-                generator: torch.Generator | None = None) -> tuple[list[int], Tensor | None]:
-        self.scores, self.parents = [], None
+                generator: torch.Generator | None = None) -> Proposal:
+        """Scores: each guess's running probability; with width > 1, parents: several candidates where the
+        counts leave the next token in doubt, verified in one pass."""
         if k <= 0 or not context:
-            return [], None
+            return Proposal()
         self.trie.sync(context)
         k = min(k, int(self.per_match * self.trie.match_length()))
         if self.width > 1:  # the best nodes first (any prefix of them is a tree), `nodes` per token of depth
-            draft, self.parents, self.scores = self.trie.tree(min(16, int(self.nodes * k)), self.min_score,
-                                                              self.width, depth=k)
-            return draft, None
+            draft, parents, scores = self.trie.tree(min(16, int(self.nodes * k)), self.min_score, self.width, depth=k)
+            return Proposal(draft, scores=scores, parents=parents)
         draft, shares = self.trie.draft(k)
+        scores: list[float] = []
         score = 1.0
         for i, share in enumerate(shares):
             score *= share
             if score < self.min_score:
                 del draft[i:]
                 break
-            self.scores.append(score)
-        return draft, None
+            scores.append(score)
+        return Proposal(draft, scores=scores)
 
     def reset(self) -> None:
         self.trie = SuffixTrie(self.trie.depth)
@@ -245,6 +274,7 @@ class DraftModel:
                                      f"tokenizer's vocabulary of {tokenizer.vocab_size} tokens")
         self.model = model.eval()
         self.name = name
+        self.cheap = False  # each guess is a draft-model pass: `auto` retries it after a back-off, no shadows
         self.min_confidence = min_confidence
         self.max_len = max_len or min(model.config.max_seq_len, 8192)
         self.vocab_size = vocab_size  # the target's logit width, when it differs from the draft's (padding)
@@ -280,9 +310,9 @@ class DraftModel:
                    native=prepare_for_device(shell, native=native), **kw)
 
     def propose(self, context: list[int], k: int, params: GenerationParams,
-                generator: torch.Generator | None = None) -> tuple[list[int], Tensor | None]:
+                generator: torch.Generator | None = None) -> Proposal:
         if k <= 0 or not context or len(context) + k > self.max_len:
-            return [], None
+            return Proposal()
         generator = generator or torch.default_generator
         cached = self.cached
         cached.sync(context[:-1])
@@ -303,11 +333,11 @@ class DraftModel:
             rows.append(q)
             feed = [x]
         if not draft:
-            return [], None
+            return Proposal()
         q = torch.stack(rows)
         if self.vocab_size is not None and self.vocab_size > q.shape[-1]:  # the target's table is padded wider
             q = torch.nn.functional.pad(q, (0, self.vocab_size - q.shape[-1]))
-        return draft, q
+        return Proposal(draft, q)
 
     def reset(self) -> None:
         if self._cached is not None:

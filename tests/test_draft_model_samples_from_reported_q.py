@@ -25,7 +25,7 @@ def test_guesses_lie_in_the_support_of_q_and_follow_it():
     firsts = Counter()
     q0 = None
     for _ in range(DRAWS):
-        guess, q = draft.propose(CONTEXT, 3, PARAMS, g)
+        guess, q = (p := draft.propose(CONTEXT, 3, PARAMS, g)).tokens, p.q
         assert all(float(q[i, x]) > 0 for i, x in enumerate(guess)), (guess, q.gather(1, torch.tensor(guess)[:, None]))
         firsts[guess[0]] += 1
         q0 = q[0] if q0 is None else q0
@@ -45,6 +45,6 @@ def test_draft_sampling_uses_the_replys_generator_on_any_device(device):
     device must still sample with it: same seed, same guesses; another seed, other guesses."""
     model = tiny_model(seed=4).to(device)
     draft = DraftModel(model, ByteTokenizer(), ByteTokenizer(), min_confidence=0.0)
-    runs = [draft.propose(CONTEXT, 6, PARAMS, make_generator(seed))[0] for seed in (1, 1, 2, 3, 4)]
+    runs = [draft.propose(CONTEXT, 6, PARAMS, make_generator(seed)).tokens for seed in (1, 1, 2, 3, 4)]
     assert runs[0] == runs[1]
     assert any(r != runs[0] for r in runs[2:])

@@ -22,21 +22,21 @@ def test_longest_match_wins_over_newer_shorter_one():
     #          0  1  2  3  4   5  6  7   8  9  10
     context = [1, 2, 3, 4, 50, 9, 3, 60, 1, 2, 3]
     # the 3-gram [1, 2, 3] at 0 is followed by 4; the newer 1-gram [3] at 6 by 60
-    assert PromptLookup(min_n=1, max_n=3).propose(context, 2) == ([4, 50], None)
-    assert PromptLookup(min_n=1, max_n=1).propose(context, 2) == ([60, 1], None)
+    assert PromptLookup(min_n=1, max_n=3).propose(context, 2).tokens == [4, 50]
+    assert PromptLookup(min_n=1, max_n=1).propose(context, 2).tokens == [60, 1]
 
 
 def test_newest_occurrence_and_k_limit():
     context = [7, 8, 1, 7, 8, 2, 3, 4, 7, 8]
-    assert PromptLookup(min_n=2, max_n=2).propose(context, 3) == ([2, 3, 4], None)
-    assert PromptLookup(min_n=2, max_n=2).propose(context, 1) == ([2], None)
+    assert PromptLookup(min_n=2, max_n=2).propose(context, 3).tokens == [2, 3, 4]
+    assert PromptLookup(min_n=2, max_n=2).propose(context, 1).tokens == [2]
 
 
 def test_no_match_proposes_nothing():
-    assert PromptLookup().propose(list(range(100)), 8) == ([], None)
-    assert PromptLookup(min_n=3).propose([5, 6, 1, 5, 6], 4) == ([], None)  # only a 2-gram repeats
-    assert PromptLookup().propose([1], 4) == ([], None)
-    assert PromptLookup().propose([1, 2, 1, 2], 0) == ([], None)
+    assert PromptLookup().propose(list(range(100)), 8).tokens == []
+    assert PromptLookup(min_n=3).propose([5, 6, 1, 5, 6], 4).tokens == []  # only a 2-gram repeats
+    assert PromptLookup().propose([1], 4).tokens == []
+    assert PromptLookup().propose([1, 2, 1, 2], 0).tokens == []
 
 
 def test_bad_sizes_are_refused():
@@ -50,7 +50,7 @@ def test_incremental_index_matches_rescan():
     context = [rng.randrange(6) for _ in range(20)]
     for step in range(400):
         k = rng.randrange(1, 9)
-        assert lookup.propose(context, k) == (rescan(context, k, 1, 4), None), step
+        assert lookup.propose(context, k).tokens == rescan(context, k, 1, 4), step
         r = rng.random()
         if r < 0.8:  # a round: the accepted tokens and the next pending one
             context = context + [rng.randrange(6) for _ in range(rng.randrange(1, 4))]
@@ -85,5 +85,5 @@ def test_rounds_on_a_long_context_cost_far_less_than_a_rescan():
     assert first == sum(4000 - n for n in (2, 3, 4))  # every position with a follower, per n
     for i in range(50):
         context = context + [100_000 + i]
-        assert lookup.propose(context, 8) == (rescan(context, 8, 2, 4), None)
+        assert lookup.propose(context, 8).tokens == rescan(context, 8, 2, 4)
     assert written() - first == 50 * 3  # one new position per n per round; a rescan would redo ~12k each

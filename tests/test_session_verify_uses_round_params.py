@@ -7,6 +7,7 @@ from tiny import tiny_engine
 
 from parley.engine.events import TextDelta
 from parley.engine.params import GenerationParams
+from parley.engine.speculative import Proposal
 
 
 class SliderMidRound:
@@ -14,6 +15,7 @@ class SliderMidRound:
     high while the round is in flight; the test sets it back to 0 between rounds."""
 
     name = "slider"
+    cheap = False
 
     def __init__(self, live: GenerationParams) -> None:
         self.live = live
@@ -22,7 +24,7 @@ class SliderMidRound:
     def propose(self, context, k, params, generator=None):
         self.calls += 1
         self.live.temperature, self.live.top_p = 5.0, 1.0
-        return [], None
+        return Proposal()
 
 
 def test_a_change_inside_a_round_does_not_alter_that_round():

@@ -88,10 +88,10 @@ def setup():
 def test_prompt_lookup_verify_draws_follow_target(setup):
     eng, ctx, p, law = setup
     lookup = PromptLookup()
-    assert lookup.propose(list(ctx), 4)[0] == list(b"\xb6\xf61Z")
+    assert lookup.propose(list(ctx), 4).tokens == list(b"\xb6\xf61Z")
 
     def propose(here, k, g):
-        return lookup.propose(list(here), k)[0], None
+        return lookup.propose(list(here), k).tokens, None
 
     g = torch.Generator().manual_seed(1)
     counts = Counter(speculate_two(ctx, propose, p, g) for _ in range(DRAWS))
@@ -104,10 +104,10 @@ def test_prompt_lookup_verify_draws_follow_target(setup):
 def test_suffix_match_verify_draws_follow_target(setup):
     eng, ctx, p, law = setup
     suffix = SuffixMatch()
-    assert suffix.propose(list(ctx), 4)[0] == list(b"\xb6\xf61Z")  # the earlier answer to the same question
+    assert suffix.propose(list(ctx), 4).tokens == list(b"\xb6\xf61Z")  # the earlier answer to the same question
 
     def propose(here, k, g):
-        return suffix.propose(list(here), k)[0], None
+        return suffix.propose(list(here), k).tokens, None
 
     g = torch.Generator().manual_seed(3)
     counts = Counter(speculate_two(ctx, propose, p, g) for _ in range(DRAWS))

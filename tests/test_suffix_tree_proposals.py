@@ -13,19 +13,20 @@ CONTEXT = [1, 5, 6, 7, 9, 2, 5, 6, 7, 3, 4, 5, 6, 8, 0, 5, 6]
 
 def test_tree_holds_the_likeliest_candidates_best_first():
     drafter = SuffixMatch(width=3, min_score=0.2)
-    draft, q = drafter.propose(CONTEXT, 4)
+    draft, q = (p := drafter.propose(CONTEXT, 4)).tokens, p.q
     assert q is None and drafter.name == "suffix tree"
     # 7 (2/3); then 8 (1/3, pushed first) and 3 (2/3 * 1/2, the newer continuation) tie with 9 (1/3)
-    assert draft == [7, 8, 3, 9] and drafter.parents == [-1, -1, 0, 0]
-    assert drafter.scores == [2 / 3, 1 / 3, 1 / 3, 1 / 3]
+    assert draft == [7, 8, 3, 9] and p.parents == [-1, -1, 0, 0]
+    assert p.scores == [2 / 3, 1 / 3, 1 / 3, 1 / 3]
     # width 1 is the chain suffix match proposes
     chain = SuffixMatch(min_score=0.2)
-    assert chain.propose(CONTEXT, 4)[0] == SuffixMatch(width=1, min_score=0.2).propose(CONTEXT, 4)[0] == [7, 3, 4, 5]
+    width_one = SuffixMatch(width=1, min_score=0.2)
+    assert chain.propose(CONTEXT, 4).tokens == width_one.propose(CONTEXT, 4).tokens == [7, 3, 4, 5]
 
 
 def test_min_score_bounds_the_tree():
     drafter = SuffixMatch(width=3, min_score=0.4)
-    assert drafter.propose(CONTEXT, 8) == ([7], None) and drafter.parents == [-1]
+    assert (p := drafter.propose(CONTEXT, 8)).tokens == [7] and p.parents == [-1]
 
 
 def test_depth_first_puts_the_first_chain_first():
