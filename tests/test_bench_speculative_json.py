@@ -53,3 +53,42 @@ def test_unreadable_public_document_is_one_line(monkeypatch, tmp_path):
     missing = tmp_path / "nope.txt"
     with pytest.raises(SystemExit, match=f"--public-document {missing}: cannot read it"):
         bench_speculative.run(p.parse_args(["--public-document", str(missing), "--peer", "none"]))
+
+
+def test_documents_suite_json_per_document_median_and_worst(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *a, **kw: tiny_engine(seed=3)))
+    (tmp_path / "a.txt").write_text("The quick brown fox jumps over the lazy dog.\n" * 40)
+    (tmp_path / "b.txt").write_text("Permission is granted to copy this text.\n" * 30)
+    p = argparse.ArgumentParser()
+    bench_speculative.add_arguments(p)
+    args = p.parse_args(["--json", "--documents", str(tmp_path), "--prompt-budget", "300", "--new-tokens", "8",
+                         "--draft-tokens", "4", "--peer", "none"])
+    assert bench_speculative.run(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert list(out["documents"]) == ["a.txt", "b.txt", "free chat"]
+    for doc in out["documents"].values():
+        assert doc["prompt_tokens"] <= 300 + 60  # cut to the budget (plus the prompt and the chat template)
+        assert set(doc["modes"]) == {"plain", "prompt_lookup", "suffix", "suffix_tree", "auto"}
+        assert {"vs_plain", "tokens_per_pass", "vs_best_fixed"} <= set(doc["modes"]["auto"])
+    for label in ("median", "worst"):
+        assert {"tok_s", "vs_plain", "tokens_per_pass"} <= set(out["summary"][label]["suffix"])
+    # and as a table: a row per prompt, then the median and the worst
+    args = p.parse_args(["--documents", str(tmp_path), "--prompt-budget", "300", "--new-tokens", "8", "--peer", "none"])
+    assert bench_speculative.run(args) == 0
+    text = capsys.readouterr().out
+    assert "a.txt" in text and "free chat" in text and "median (documents)" in text and "worst (documents)" in text
+
+
+def test_default_documents_are_at_least_eight_debian_texts():
+    from parley.app.bench import documents
+
+    docs, notes = documents.suite()
+    assert len(documents.SUITE) >= 8 and len(docs) + len(notes) == len(documents.SUITE)
+    assert all(len(text) > 2000 for _, text in docs), [(n, len(t)) for n, t in docs]
+
+
+def test_a_documents_path_that_is_no_folder_is_one_line(tmp_path):
+    from parley.app.bench import documents
+
+    with pytest.raises(SystemExit, match="not a folder"):
+        documents.folder(str(tmp_path / "nope"))

@@ -21,10 +21,11 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from .harness import add_json_argument, emit, median_run
+from .harness import add_json_argument, emit, median, median_run
 
 CHAT_PROMPT = "Give me three tips for keeping a sourdough starter healthy, with a sentence on why each works."
 SUMMARY_PROMPT = "Write a detailed summary of the following document, section by section.\n\n"
+DOCUMENT_PROMPT = "Summarise the following document, quoting its key commands and terms.\n\n"
 PUBLIC_DOCUMENT = "/usr/share/common-licenses/Apache-2.0"
 PUBLIC_PROMPT = ("What does this licence let me do with the software, and what do I have to do in return? "
                  "Go through it section by section.\n\n")
@@ -42,6 +43,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(the target's INT4 weights, quantized on first use), a model ref; 'none' to skip")
     p.add_argument("--public-document", default=PUBLIC_DOCUMENT,
                    help="a text file the project did not write, for (a2); 'none' to skip")
+    p.add_argument("--documents", nargs="?", const="debian", default=None, metavar="DIR",
+                   help="summarise each document of DIR instead (left out: a suite of >= 8 texts Debian ships, "
+                        "read on this machine), plus the free-chat prompt; per document, median and worst")
+    p.add_argument("--prompt-budget", type=int, default=1400,
+                   help="with --documents: each document is cut to about this many tokens")
     p.add_argument("--peer", default=str(PEERS),
                    help="llama.cpp peers folder (llama.cpp/build/bin/llama-lookup, smol-Q4_0.gguf): its lookup "
                         "decoding runs on the same prompts when present; 'none' to skip")
@@ -155,6 +161,9 @@ def run(args: argparse.Namespace) -> int:
     for spec in [d.strip() for d in (args.draft or "").split(",") if d.strip() and d.strip() != "none"]:
         drafts[spec] = load_draft(spec, engine.model, resolve(args.model), engine.tokenizer,
                                   native=engine.native is not None)
+    peer = find_peer(args.peer)
+    if args.documents is not None:
+        return emit(suite_results(engine, drafts, peer, args), args.json, lambda results: suite_lines(results, args))
     doc = document()
     cases = {"summarise": [{"role": "user", "content": SUMMARY_PROMPT + doc}]}
     if args.public_document != "none":
@@ -167,7 +176,6 @@ def run(args: argparse.Namespace) -> int:
         "public_document": args.public_document if "summarise_public" in cases else None,
         "prompt_tokens": {key: len(engine.tokenizer.encode_chat(m)) for key, m in cases.items()},
     }
-    peer = find_peer(args.peer)
     for key, messages in cases.items():
         results[key] = scenario(engine, messages, drafts, args)
         if peer:
@@ -207,6 +215,71 @@ def lines(results: dict, args: argparse.Namespace) -> list[str]:
     if "head_ms" in cost:
         out.append("  of which the output projection: " + "  ".join(
             f"T={t}: {ms:.1f} ms" for t, ms in cost["head_ms"].items()))
+    return out
+
+
+def suite_results(engine, drafts: dict, peer, args: argparse.Namespace) -> dict:
+    """Every document of the suite (or folder) cut to the prompt budget and summarised, then free chat: each
+    mode's figures, and over the documents the median and the worst of each ratio."""
+    import torch
+
+    from . import documents
+
+    docs, notes = documents.suite() if args.documents == "debian" else (documents.folder(args.documents), [])
+    results: dict = {"model": engine.model_name, "quantization": engine.quantization, "drafts": list(drafts),
+                     "threads": torch.get_num_threads(), "new_tokens": args.new_tokens,
+                     "draft_tokens": args.draft_tokens, "documents_from": args.documents, "notes": notes,
+                     "documents": {}}
+    cases = {name: [{"role": "user", "content": DOCUMENT_PROMPT + documents.trim(text, engine.count_tokens,
+                                                                                args.prompt_budget)}]
+             for name, text in docs}
+    cases["free chat"] = [{"role": "user", "content": CHAT_PROMPT}]
+    for name, messages in cases.items():
+        depth = len(engine.tokenizer.encode_chat(messages))
+        figures = scenario(engine, messages, drafts, args)
+        if peer:
+            figures.update(llama_lookup(peer, engine.tokenizer.render_chat(messages), depth, args))
+        for r in figures.values():  # auto against the best fixed drafter of this prompt
+            r.setdefault("vs_plain", 1.0)
+        fixed = [r["tok_s"] for mode, r in figures.items() if mode in ("prompt_lookup", "suffix", "suffix_tree")]
+        figures["auto"]["vs_best_fixed"] = round(figures["auto"]["tok_s"] / max(max(fixed), 1e-9), 3)
+        results["documents"][name] = {"prompt_tokens": depth, "modes": figures}
+    summarised = {n: d for n, d in results["documents"].items() if n != "free chat"}
+    modes = list(next(iter(results["documents"].values()))["modes"])
+    results["summary"] = {}
+    for label, pick in (("median", median), ("worst", min)):
+        row = {}
+        for mode in modes:
+            rs = [d["modes"][mode] for d in summarised.values() if "tok_s" in d["modes"].get(mode, {})]
+            if rs:
+                row[mode] = {key: round(pick(r[key] for r in rs), 3) for key in ("tok_s", "vs_plain", "tokens_per_pass")
+                             if all(key in r for r in rs)}
+                if mode == "auto":
+                    row[mode]["vs_best_fixed"] = round(pick(r["vs_best_fixed"] for r in rs), 3)
+        results["summary"][label] = row
+    return results
+
+
+def suite_lines(results: dict, args: argparse.Namespace) -> list[str]:
+    """One row per prompt: plain tok/s, then each mode's ratio to plain and tokens per target pass."""
+    out = [f"model: {results['model']} ({results['quantization']})  threads: {results['threads']}  "
+           f"temperature 0, {args.new_tokens} new tokens, draft length <= {args.draft_tokens}, "
+           f"median of {args.repeats}; documents: {results['documents_from']} (~{args.prompt_budget} tokens each)",
+           *(f"note: {n}" for n in results["notes"])]
+    modes = [m for m in next(iter(results["documents"].values()))["modes"] if m not in ("plain", "llama.cpp plain")]
+    out.append(f"{'prompt':<20} {'tokens':>6} {'plain tok/s':>11}  " + "  ".join(f"{m:>16}" for m in modes)
+               + "  (ratio to plain / tokens per pass)")
+
+    def cells(figures: dict) -> str:
+        return "  ".join(f"{figures[m]['vs_plain']:>9.2f}x/{figures[m]['tokens_per_pass']:<5.2f}"
+                         if "tok_s" in figures.get(m, {}) else f"{'-':>16}" for m in modes)
+
+    for name, d in results["documents"].items():
+        out.append(f"{name:<20} {d['prompt_tokens']:>6} {d['modes']['plain']['tok_s']:>11.1f}  {cells(d['modes'])}"
+                   f"  auto/best fixed {d['modes']['auto']['vs_best_fixed']:.2f}")
+    for label, row in results["summary"].items():
+        out.append(f"{label + ' (documents)':<20} {'':>6} {row['plain']['tok_s']:>11.1f}  {cells(row)}"
+                   f"  auto/best fixed {row['auto']['vs_best_fixed']:.2f}")
     return out
 
 
