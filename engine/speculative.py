@@ -203,8 +203,9 @@ class SuffixMatch:
     cheap = True  # no model pass: `auto` may keep guessing while paused, to see whether guesses would land
 
     def __init__(self, depth: int = 24, per_match: float = 2.0, min_score: float = 0.2, width: int = 1,
-                 nodes: float = 1.0) -> None:
+                 nodes: float = 1.0, recency: bool = False) -> None:
         self.trie = SuffixTrie(depth)
+        self.recency = recency  # the newest continuation where it is about as frequent (`SuffixTrie.draft`)
         self.per_match, self.min_score, self.width, self.nodes = per_match, min_score, width, nodes
         self.name = "suffix tree" if width > 1 else "suffix match"
 
@@ -219,7 +220,7 @@ class SuffixMatch:
         if self.width > 1:  # the best nodes first (any prefix of them is a tree), `nodes` per token of depth
             draft, parents, scores = self.trie.tree(min(16, int(self.nodes * k)), self.min_score, self.width, depth=k)
             return Proposal(draft, scores=scores, parents=parents)
-        draft, shares = self.trie.draft(k)
+        draft, shares = self.trie.draft(k, recency=self.recency)
         scores: list[float] = []
         score = 1.0
         for i, share in enumerate(shares):

@@ -32,6 +32,7 @@ class SuffixTrie:
         self._out = array("l", [0])  # occurrences followed by a token (sum of the children's counts)
         self._best = array("l", [-1])  # the child token seen most often (the newest among equals); -1: none
         self._best_count = array("l", [0])  # that child's count
+        self._newest = array("l", [-1])  # the child token that followed the node's string most recently
         self._token = array("l", [-1])  # the token that leads to the node
         self._first = array("l", [-1])  # the node's newest child (-1: none); siblings chain through _next
         self._next = array("l", [-1])
@@ -66,6 +67,7 @@ class SuffixTrie:
                 out.append(0)
                 best.append(-1)
                 best_count.append(0)
+                self._newest.append(-1)
                 self._token.append(token)
                 self._first.append(-1)
                 self._next.append(self._first[node])
@@ -74,6 +76,7 @@ class SuffixTrie:
             out[node] += 1
             if n >= best_count[node]:
                 best[node], best_count[node] = token, n
+            self._newest[node] = token
             if len(active) < self.depth:
                 active.append(c)
         self.ids.append(token)
@@ -97,6 +100,8 @@ class SuffixTrie:
                 c = child[node << _SHIFT | token]
                 count[c] -= 1
                 out[node] -= 1
+                if self._newest[node] == token and count[c] == 0:
+                    self._newest[node] = best[node]  # the one before is not kept: a frequent child instead
                 if out[node] == 0:
                     best[node], best_count[node] = -1, 0
                 elif best[node] == token:  # still a child unless its count reached 0 (maybe no longer the
@@ -119,12 +124,14 @@ class SuffixTrie:
                 best, best_count = key & ((1 << _SHIFT) - 1), self._count[c]
         return best
 
-    def draft(self, k: int, min_share: float = 0.0, tail: list[int] | None = None) -> tuple[list[int], list[float]]:
+    def draft(self, k: int, min_share: float = 0.0, tail: list[int] | None = None,
+              recency: bool = False) -> tuple[list[int], list[float]]:
         """Up to k tokens continuing `ids` + `tail` (tail: tokens not added to the trie), each the most
         frequent continuation of the longest earlier match, and each guess's share of that match's
         continuations (an empirical probability). Stops where the share falls below `min_share` or
-        nothing earlier matches."""
-        child, out, best = self._child, self._out, self._best
+        nothing earlier matches. `recency`: the newest continuation instead, unless the most frequent one
+        occurred more than twice as often (a reply that rephrases a passage repeats its own newest wording)."""
+        child, out, best, newest, count = self._child, self._out, self._best, self._newest, self._count
         active = self._active
         for t in tail or ():
             active = self._advance(active, t)
@@ -135,7 +142,11 @@ class SuffixTrie:
             if node == 0:
                 break
             x = best[node]
-            share = self._count[child[node << _SHIFT | x]] / out[node]
+            if recency and newest[node] != x and newest[node] >= 0:
+                fresh = count[child[node << _SHIFT | newest[node]]]
+                if fresh > 0 and 2 * fresh >= count[child[node << _SHIFT | x]]:
+                    x = newest[node]
+            share = count[child[node << _SHIFT | x]] / out[node]
             if share < min_share:
                 break
             draft.append(x)

@@ -1,10 +1,11 @@
 """Temperature 0 on the real model, the default INT4 engine and fp32: replies with speculation off,
 prompt lookup, suffix match, suffix trees (several candidates per pass, verified as a tree whose kept path is
-then moved into place) and a draft model (a self-draft on the target's first 20 layers) are token-identical
-over 128 tokens, on pasted held-out documents, the speculative bench's document (where suffix match drafts
-long runs) and chat prompts. No tie allowance: with batch-invariant passes (a tree node's logits are bitwise
-the linear pass's over its path) a k+1-token verification pass decides exactly what a 1-token pass decides,
-so any difference is a bug (issue 10; today's torch path is not batch invariant, see the invariance test)."""
+then moved into place), a draft model (a self-draft on the target's first 20 layers) and `auto` are
+token-identical over 128 tokens, on pasted held-out documents, two texts of the bench's Debian suite, the
+speculative bench's document (where suffix match drafts long runs) and chat prompts. No tie allowance: with
+batch-invariant passes (a tree node's logits are bitwise the linear pass's over its path) a k+1-token
+verification pass decides exactly what a 1-token pass decides, so any difference is a bug (issue 10; today's
+torch path is not batch invariant, see the invariance test)."""
 
 import itertools
 from collections import Counter
@@ -30,6 +31,16 @@ def document(name: str, start: str, chars: int = 4000) -> str:
     return text[i : i + chars].rsplit("\n", 1)[0]
 
 
+def suite_prompts() -> dict[str, str]:
+    """Two documents of `parley bench speculative --documents`'s suite (Debian-shipped text the project never
+    tuned on), where this machine has them."""
+    from parley.app.bench import documents
+
+    texts = {name: documents.read(source) for name, source in documents.SUITE if name in ("man tar", "GPL-3")}
+    return {name: "Summarise the following document, quoting its key commands and terms.\n\n"
+                  + text[:4000].rsplit("\n", 1)[0] for name, text in texts.items() if text}
+
+
 PROMPTS = {
     "execution model": "Summarise the following document, quoting its key terms.\n\n"
                        + document("python_reference.txt", "Structure of a program"),
@@ -38,6 +49,7 @@ PROMPTS = {
     "keepers' logs": "Summarise this essay in five bullet points.\n\n" + document("essays.txt", "The Lighthouse"),
     "bench document": "Write a detailed summary of the following document, section by section.\n\n"
                       + resources.files("parley").joinpath("assets/speculative/document.md").read_text()[:4000],
+    **suite_prompts(),
     "chat: bread": "How do I keep a sourdough starter healthy through a hot summer?",
     "chat: code": "Write a Python function that merges two sorted lists, and explain how it works.",
 }
@@ -60,10 +72,11 @@ def test_greedy_speculation_is_token_identical(quant, monkeypatch):
     # candidates at once and some keep one other than the first (counted by `branches`)
     eng.suffix_tree = SuffixMatch(width=3, nodes=4.0, min_score=0.01)
     branches = kept_branches(eng)
-    checked, failures = {"prompt-lookup": 0, "suffix": 0, "suffix-tree": 0, "draft": 0}, []
+    checked, failures = {"prompt-lookup": 0, "suffix": 0, "suffix-tree": 0, "draft": 0, "auto": 0}, []
     # fp32 (the same native step, at 4x the bytes per token): one pasted document and one chat prompt,
     # those where prompt lookup guesses most
-    prompts = PROMPTS if quant == "awq" else {k: PROMPTS[k] for k in ("keepers' logs", "chat: bread")}
+    prompts = PROMPTS if quant == "awq" else {k: PROMPTS[k] for k in ("keepers' logs", "man tar", "chat: bread")
+                                              if k in PROMPTS}
     for name, prompt in prompts.items():
         plain, _ = reply_ids(eng, prompt, "off", NEW_TOKENS_BY_QUANT[quant])
         for mode in checked:
