@@ -2,8 +2,8 @@
 (w = (q - z) s + m, Q4_1 and Q4_K), equal to an independent float64 computation of the same arithmetic.
 
 Pins that each half of a 64-input chunk reads its own group's scale, zero point and minimum (a kernel that
-used one group per chunk, or dropped the minimum, fails), on the AVX-512 path and the portable loops alike
-(the portable build is compiled here with PARLEY_NATIVE_FLAGS=-mno-avx512vnni when the CPU has VNNI)."""
+used one group per chunk, or dropped the minimum, fails); test_native_portable_loops.py runs it on the
+portable loops too where this machine builds the AVX-512 ones."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import ctypes
 
 import pytest
 import torch
+from test_native_linear_matches_reference import quantize_acts_ref
 
 from parley.kernels import native
-from test_native_linear_matches_reference import quantize_acts_ref
 
 lib = native.load()
 pytestmark = pytest.mark.skipif(lib is None, reason=f"native step unavailable: {native.why_unavailable()}")

@@ -9,7 +9,8 @@ output head is floating point, so the figures measure the quantization alone (an
 not an hour of per-call dequantization); `--kernels auto` scores the models exactly as the engine runs them.
 `--text` scores another text instead (e.g. `/usr/share/common-licenses/GPL-3`, one the project never tuned
 on). The INT4 model's bits per weight and its greedy agreement with the fp model on the benches' prompts
-(tokens until the first difference) are reported with its perplexity.
+(tokens until the first difference) are reported with its perplexity. A .gguf model is also scored on its
+own 4-bit weights imported as INT4 (`--quant gguf`, row `gguf_int4`).
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def dequantized(model):
         if isinstance(lin, Int4Linear):
             dense = nn.Linear(lin.in_features, lin.out_features, bias=lin.bias is not None)
             with torch.no_grad():
-                dense.weight.copy_(dequantize(lin.qweight, lin.qzeros, lin.scales.float(), lin.group_size).t())
+                dense.weight.copy_(dequantize(lin.qweight, lin.qzeros, lin.scales.float(), lin.group_size,
+                                              lin.mins).t())
                 if lin.bias is not None:
                     dense.bias.copy_(lin.bias)
             setattr(parent, name, dense)
@@ -191,10 +193,15 @@ def run(args: argparse.Namespace) -> int:
                            "folder": str(awq_files.path)}
     results["rtn_int4"]["bits_per_weight"] = bits_per_weight_rtn(group)
     say(f"AWQ  g{group:<4}  ppl {results['awq_int4']['ppl']:.3f}")
+    if files.kind == "gguf":  # the file's own 4-bit blocks, imported (--quant gguf), beside Parley's INT4
+        results["gguf_int4"] = gguf_quality(args.model, chunks, reference, say)
     if args.agreement_tokens:
         fp_engine = Engine.load(args.model, quant="none", device="cpu")
         int4_engine = Engine.load(str(awq_files.path), quant="none", device="cpu")
         results["awq_int4"]["greedy_agreement"] = greedy_agreement(fp_engine, int4_engine, args.agreement_tokens)
+        if "gguf_int4" in results:
+            int4_engine = Engine.load(args.model, quant="gguf", device="cpu")
+            results["gguf_int4"]["greedy_agreement"] = greedy_agreement(fp_engine, int4_engine, args.agreement_tokens)
         del fp_engine, int4_engine
 
     base = results["fp32"]["ppl"]
@@ -213,13 +220,34 @@ def run(args: argparse.Namespace) -> int:
         out = ["", *table(("model", "ppl", "vs fp32", "bits/weight (decoder linears)"), rows),
                f"group size {group}; method {results['awq_int4']['method']}; output head: {head}; "
                f"calibration: {manifest['calibration']}; quantized in {manifest['timing']['quantize_s']} s"]
-        if "greedy_agreement" in results["awq_int4"]:
-            g = results["awq_int4"]["greedy_agreement"]
-            out.append(f"greedy agreement with fp32 over {g['tokens']} tokens on {len(g['prompts'])} prompts: "
-                       f"identical for the first {g['median']} tokens (median), {g['worst']} (worst)")
+        for name in ("awq_int4", "gguf_int4"):
+            if "greedy_agreement" in results.get(name, {}):
+                g = results[name]["greedy_agreement"]
+                out.append(f"{name}: greedy agreement with fp32 over {g['tokens']} tokens on {len(g['prompts'])} "
+                           f"prompts: identical for the first {g['median']} tokens (median), {g['worst']} (worst)")
+        if "gguf_int4" in results:
+            out.append(f"gguf_int4: {results['gguf_int4']['weights']}")
         return out
 
     return emit(summary, args.json, lines)
+
+
+def gguf_quality(model_ref: str | None, chunks, reference: bool, say) -> dict:
+    """Perplexity of a GGUF's own 4-bit weights imported as INT4 (--quant gguf): nothing quantized again."""
+    from ...engine.engine import Engine
+    from ...models.quantize.int4_linear import bits_per_weight
+
+    t0 = time.monotonic()
+    engine = Engine.load(model_ref, quant="gguf", device="cpu")
+    model, step = engine.model, engine.native
+    bits = bits_per_weight(model)
+    if reference:
+        step = None
+        dequantized(model)
+    r = {"ppl": perplexity(model, chunks, step=step), "seconds": time.monotonic() - t0, "bits_per_weight": bits,
+         "weights": engine.quantization.removeprefix("gguf-int4:")}
+    say(f"GGUF {r['weights']}  ppl {r['ppl']:.3f}")
+    return r
 
 
 def bits_per_weight_rtn(group: int) -> float:

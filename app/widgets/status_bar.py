@@ -1,8 +1,9 @@
 """One line of live figures: speed, latency, speculation, context; the model on the right.
 
 Everything is said in words a newcomer reads without a glossary ("speculating: prompt lookup · 70% of
-guesses kept · 2.8 tokens per step", "INT4 (AWQ)", "INT4 (the file's own Q4_1)"), and what matters most survives a narrow terminal: the
-model on the right stays whole, background work next to it, the figures give way first.
+guesses kept · 2.8 tokens per step", "INT4 (AWQ)", "INT4 (the file's own Q4_1)"), and what matters most
+survives a narrow terminal: the model on the right stays whole, background work next to it, the figures
+give way first.
 """
 
 from __future__ import annotations
