@@ -152,6 +152,9 @@ class EngineLifecycle:
             self.ui.pop_screen()
         self.loading = None
         self.screen.post_message(EngineReady())
+        if engine.quantization.startswith("gguf-int4:"):  # say which weights run: the file's own, not Parley's
+            self.status.notify(f"Running {model_words(engine.model_name, engine.quantization)}: the file's own "
+                               "4-bit weights on the INT4 kernels, nothing quantized", timeout=10, markup=False)
         if self._upgrade_engine is not None:
             self._upgrade()
 

@@ -1,8 +1,10 @@
 """First run without the wait: chat on the unquantized weights while AWQ INT4 is made in the background.
 
 `load` starts the INT4 load on a thread. When the cache already has the model, that is all (a few
-seconds). When it has to quantize, `load` returns the unquantized model instead, at once, and `upgrade`
-later returns the INT4 engine, for the app to switch to between replies.
+seconds). When it has to quantize, `load` returns a stand-in instead, at once, and `upgrade` later returns
+the INT4 engine, for the app to switch to between replies. The stand-in is the unquantized model, or, with
+`file_int4_first` and a .gguf whose weights already are 4-bit, those weights on the INT4 kernels
+(`--quant gguf`: no quantization, INT4 speed from the first reply); the status bar says which runs.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ Load = Callable[[str, ProgressFn | None], EngineLike]  # (quant, progress) -> en
 class QuantizeInBackground:
     """The app's `load_engine` and `upgrade_engine` for `--quant awq`, over `load(quant, progress)`."""
 
-    def __init__(self, load: Load, quant: str = "awq") -> None:
+    def __init__(self, load: Load, quant: str = "awq", file_int4_first: bool = False) -> None:
         self._load = load
         self.quant = quant
+        self.file_int4_first = file_int4_first
         self.background = False  # True once the first engine is the stand-in and INT4 is still coming
         self._changed = threading.Event()  # the INT4 load finished or started to quantize
         self._quantizing = False
@@ -45,6 +48,13 @@ class QuantizeInBackground:
             return self._engine
         self.background = True
         self._sink = None  # until `upgrade` asks for it: the chat opens while AWQ runs
+        if self.file_int4_first:
+            from parley.models.errors import ModelLoadError
+
+            try:
+                return self._load("gguf", progress)
+            except ModelLoadError:  # not a .gguf, or none of its weights is 4-bit: the unquantized model
+                pass
         return self._load("none", progress)
 
     def upgrade(self, progress: ProgressFn | None) -> EngineLike | None:

@@ -43,7 +43,8 @@ def build_app(args: argparse.Namespace):
         # the same flags, another model; no draft (a draft belongs to the model it was chosen for)
         return engine_from_args(argparse.Namespace(**{**vars(args), "model": ref, "draft": None}), progress=progress)
 
-    loader = QuantizeInBackground(load, "none" if args.server else args.quant)
+    # A first run of a .gguf already 4-bit chats on the file's own weights while Parley's INT4 is made
+    loader = QuantizeInBackground(load, "none" if args.server else args.quant, file_int4_first=True)
     return ParleyApp(loader.load, upgrade_engine=loader.upgrade, load_model=None if args.server else load_model,
                      model_ref=model, params=params, settings=settings, system_prompt=args.system)
 
