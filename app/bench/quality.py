@@ -51,6 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "prompts (0: skip)")
     parser.add_argument("--summary-tokens", type=int, default=128,
                         help="with --kv-cache: greedy tokens of a long-document summary compared with the fp cache's")
+    parser.add_argument("--no-awq", action="store_true",
+                        help="score only the fp32 model and, for a .gguf, its own 4-bit weights (no AWQ run)")
     add_json_argument(parser)
 
 
@@ -151,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.kv_cache:
         return kv_cache_quality(args, fp, chunks, files.ref, [t.name for t in texts], say)
+    if args.no_awq:
+        return fp_and_gguf_quality(args, fp, files, chunks, [t.name for t in texts], reference, say)
     awq_files = ensure_quantized(files, group_size=args.group_size, calib=_calib(args.calib),
                                  n_samples=args.samples, seq_len=args.seq_len, progress=print_progress)
     manifest = json.loads((awq_files.path / "manifest.json").read_text())
@@ -248,6 +252,37 @@ def gguf_quality(model_ref: str | None, chunks, reference: bool, say) -> dict:
          "weights": engine.quantization.removeprefix("gguf-int4:")}
     say(f"GGUF {r['weights']}  ppl {r['ppl']:.3f}")
     return r
+
+
+def fp_and_gguf_quality(args: argparse.Namespace, fp, files, chunks, text: list[str], reference: bool, say) -> int:
+    """--no-awq: the fp32 model and (a .gguf) its own 4-bit weights, with their greedy agreement."""
+    from ...engine.engine import Engine
+
+    t0 = time.monotonic()
+    results = {"fp32": {"ppl": perplexity(fp.model, chunks, step=fp.native), "seconds": time.monotonic() - t0}}
+    say(f"fp32        ppl {results['fp32']['ppl']:.3f}")
+    if files.kind == "gguf":
+        results["gguf_int4"] = gguf_quality(args.model, chunks, reference, say)
+        if args.agreement_tokens:
+            int4 = Engine.load(args.model, quant="gguf", device="cpu")
+            results["gguf_int4"]["greedy_agreement"] = greedy_agreement(fp, int4, args.agreement_tokens)
+    for r in results.values():
+        r["vs_fp32"] = r["ppl"] / results["fp32"]["ppl"] - 1
+    summary = {"bench": "quality", "model": files.ref, "text": text, "chunk": args.chunk, "chunks": len(chunks),
+               "scored_tokens": len(chunks) * (args.chunk - args.chunk // 2), "kernels": args.kernels,
+               "results": results}
+
+    def lines(summary: dict) -> list[str]:
+        rows = [(name, f"{r['ppl']:.3f}", f"{100 * r['vs_fp32']:+.1f}%", r.get("weights", ""))
+                for name, r in results.items()]
+        out = ["", *table(("model", "ppl", "vs fp32", "weights"), rows)]
+        g = results.get("gguf_int4", {}).get("greedy_agreement")
+        if g:
+            out.append(f"gguf_int4: greedy agreement with fp32 over {g['tokens']} tokens on {len(g['prompts'])} "
+                       f"prompts: identical for the first {g['median']} tokens (median), {g['worst']} (worst)")
+        return out
+
+    return emit(summary, args.json, lines)
 
 
 def bits_per_weight_rtn(group: int) -> float:
