@@ -22,6 +22,7 @@ from parley.app.attachments import AttachmentController
 from parley.app.commands import ParleyCommands
 from parley.app.conversation import ConversationController
 from parley.app.engine_lifecycle import EngineLifecycle, EngineLoader, EngineUpgrade, ModelLoader
+from parley.app.first_run import QuantizeInBackground
 from parley.app.reply_controller import ReplyController
 from parley.app.screens.chat import ChatScreen
 from parley.app.screens.help import HelpScreen
@@ -52,14 +53,14 @@ class ParleyApp(App[int]):
                  load_model: ModelLoader | None = None, model_ref: str | None = None, store: Store | None = None,
                  settings: Settings | None = None, params: GenerationParams | None = None,
                  system_prompt: str | None = None, export_dir: Path | None = None,
-                 batch_interval: float = 0.04) -> None:
+                 batch_interval: float = 0.04, first_run: QuantizeInBackground | None = None) -> None:
         super().__init__()
         self.store = store if store is not None else Store()
         self.settings = settings if settings is not None else Settings()
         self.params = params if params is not None else self.settings.params()
         self.replies = ReplyController(self.store, batch_interval)
         self.engines = EngineLifecycle(load_engine, upgrade_engine, load_model, settings=self.settings,
-                                       model_ref=model_ref, busy=lambda: self.replies.busy)
+                                       model_ref=model_ref, busy=lambda: self.replies.busy, first_run=first_run)
         self.attachments = AttachmentController(self.engines, self.params)
         self.conversations = ConversationController(
             self.store, self.settings, self.params, Path(export_dir) if export_dir is not None else Path.cwd(),

@@ -41,8 +41,10 @@ def _summary(name: str) -> str:
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="hub id (org/name[@rev]), local directory or .gguf file; default: this machine's default")
-    p.add_argument("--quant", choices=("awq", "none"), default="awq",
-                   help="awq: INT4, quantized and cached on first use (default); none: the weights as they are")
+    p.add_argument("--quant", choices=("awq", "gguf", "none"), default="awq",
+                   help="awq: Parley's INT4, quantized and cached on first use (default); gguf: a .gguf file's own "
+                        "4-bit weights (Q4_0/Q4_1/Q4_K) on the INT4 kernels at once, nothing quantized; none: the "
+                        "weights as they are")
     p.add_argument("--draft", default=None, help="a draft model (same tokenizer) for speculative decoding")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--compile", action="store_true", default=None,

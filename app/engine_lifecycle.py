@@ -16,8 +16,10 @@ from textual.app import App
 from textual.message import Message
 from textual.screen import Screen
 
+from parley.app.first_run import CHOICE_KEY, QuantizeInBackground, model_key
 from parley.app.screens.loading import LoadingScreen
 from parley.app.screens.model_picker import RECENT_KEY, ModelPickerScreen, cached_models, remember
+from parley.app.screens.weights_choice import WeightsChoiceScreen
 from parley.app.settings import Settings
 from parley.app.widgets.params_panel import ParamsPanel
 from parley.app.widgets.status_bar import StatusBar, model_words
@@ -61,13 +63,14 @@ class EngineLifecycle:
 
     def __init__(self, load_engine: EngineLoader, upgrade_engine: EngineUpgrade | None,
                  load_model: ModelLoader | None, *, settings: Settings, model_ref: str | None,
-                 busy: Callable[[], bool]) -> None:
+                 busy: Callable[[], bool], first_run: QuantizeInBackground | None = None) -> None:
         self.load_model = load_model
         self.settings = settings
         self.model_ref = model_ref
         self.busy = busy  # a reply is streaming: a new engine waits for its end
         self._load_engine = load_engine
         self._upgrade_engine = upgrade_engine
+        self.first_run = first_run  # its `offer`: the choice of weights a 4-bit .gguf's first run asks for
         self.engine: EngineLike | None = None
         self.failed_load: BaseException | None = None  # the last load's error, while no engine is in
         self.loading: LoadingScreen | None = None  # shown only for real work: a download, a quantization
@@ -152,8 +155,24 @@ class EngineLifecycle:
             self.ui.pop_screen()
         self.loading = None
         self.screen.post_message(EngineReady())
+        if engine.quantization.startswith("gguf-int4:"):  # say which weights run: the file's own, not Parley's
+            self.status.notify(f"Running {model_words(engine.model_name, engine.quantization)}: the file's own "
+                               "4-bit weights on the INT4 kernels, nothing quantized", timeout=10, markup=False)
+        if self.first_run is not None and self.first_run.offer:
+            self.ui.push_screen(WeightsChoiceScreen(engine.model_name, self.first_run.offer), self._chosen)
         if self._upgrade_engine is not None:
             self._upgrade()
+
+    def _chosen(self, choice: str | None) -> None:
+        """The first-run answer: remembered for this model, and told to the loader (`upgrade` waits on it)."""
+        assert self.first_run is not None
+        choice = choice or "gguf"
+        choices = self.settings.get(CHOICE_KEY, {})
+        self.settings.set(CHOICE_KEY, {**(choices if isinstance(choices, dict) else {}),
+                                       model_key(self.model_ref): choice})
+        self.first_run.choose(choice)
+        if choice == "awq":
+            self.status.background = "making INT4: starting"
 
     def _use_engine(self, engine: EngineLike) -> None:
         self.engine = engine  # a session knows the engine it was made with: the next reply makes a new one

@@ -3,25 +3,60 @@
 `load` starts the INT4 load on a thread. When the cache already has the model, that is all (a few
 seconds). When it has to quantize, `load` returns the unquantized model instead, at once, and `upgrade`
 later returns the INT4 engine, for the app to switch to between replies.
+
+A .gguf whose weights already are 4-bit (`file_weights`, e.g. "Q4_1") starts on those weights on the INT4
+kernels (`--quant gguf`: nothing quantized), and the first time, the app offers the choice (`offer`,
+answered by `choose`): keep them, or make Parley's INT4 in the background and switch to it. The answer is
+remembered (`choice`): "gguf" starts on the file's weights and never quantizes, "awq" as above.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from parley.engine.protocol import EngineLike
 from parley.models.progress import Progress, ProgressFn
 
 Load = Callable[[str, ProgressFn | None], EngineLike]  # (quant, progress) -> engine
+CHOICE_KEY = "first_run_weights"  # settings: model ref -> "gguf" | "awq", the first-run choice remembered
+
+
+def model_key(ref: str | None) -> str:
+    return ref or "(default)"
+
+
+def four_bit_gguf(ref: str | None) -> str | None:
+    """The 4-bit types of a local .gguf model's decoder ("Q4_1"), or None (another model, or a default that
+    is a hub download): read from the file's header, nothing dequantized."""
+    from parley.models.errors import ModelLoadError
+    from parley.models.gguf_int4 import four_bit_types
+    from parley.models.resolve import default_model_ref, embedded_model_path
+
+    try:
+        if ref is None:
+            path = embedded_model_path() if default_model_ref() is None else None
+        else:
+            path = Path(ref).expanduser() if ref.endswith(".gguf") and Path(ref).expanduser().is_file() else None
+        return four_bit_types(path) if path is not None else None
+    except ModelLoadError:
+        return None
 
 
 class QuantizeInBackground:
     """The app's `load_engine` and `upgrade_engine` for `--quant awq`, over `load(quant, progress)`."""
 
-    def __init__(self, load: Load, quant: str = "awq") -> None:
+    def __init__(self, load: Load, quant: str = "awq", file_weights: str | Callable[[], str | None] | None = None,
+                 choice: str | None = None) -> None:
         self._load = load
         self.quant = quant
+        # the 4-bit types of a .gguf model's decoder ("Q4_1"), else None; a function is asked in `load`
+        self.file_weights = file_weights
+        self.choice = choice if choice in ("gguf", "awq") else None  # the remembered first-run answer
+        self.offer: str | None = None  # the file's weights, while the first-run choice waits for `choose`
+        self._chosen = threading.Event()
+        self._started = False  # the INT4 load's thread is running (or has run)
         self.background = False  # True once the first engine is the stand-in and INT4 is still coming
         self._changed = threading.Event()  # the INT4 load finished or started to quantize
         self._quantizing = False
@@ -34,10 +69,15 @@ class QuantizeInBackground:
     def load(self, progress: ProgressFn | None) -> EngineLike:
         if self.quant != "awq":
             return self._load(self.quant, progress)
-        self._sink = progress
-        # A daemon thread: quitting does not wait for a quantization (the cache is written atomically).
-        threading.Thread(target=self._load_int4, name="parley-awq", daemon=True).start()
-        self._changed.wait()
+        if callable(self.file_weights):  # on the loading thread: it reads the file's header
+            self.file_weights = self.file_weights()
+        if self.file_weights and self.choice != "awq":
+            engine = self._load("gguf", progress)  # at once: nothing to quantize
+            if self.choice is None:  # the first run: the app asks, `upgrade` waits for the answer
+                self.offer = self.file_weights
+                self.background = True
+            return engine
+        self._start(progress)
         if not self._quantizing:  # finished (or failed) without quantizing: the cache had it
             if self._error is not None:
                 raise self._error
@@ -45,12 +85,26 @@ class QuantizeInBackground:
             return self._engine
         self.background = True
         self._sink = None  # until `upgrade` asks for it: the chat opens while AWQ runs
-        return self._load("none", progress)
+        return self._load("gguf" if self.file_weights else "none", progress)  # the file's 4-bit weights, if any
+
+    def choose(self, choice: str) -> None:
+        """The first-run answer: "gguf" keeps the file's own weights (nothing quantized), "awq" makes
+        Parley's INT4 in the background, for `upgrade` to return."""
+        if choice not in ("gguf", "awq"):
+            raise ValueError(f"choice {choice!r}: expected 'gguf' or 'awq'")
+        self.choice, self.offer = choice, None  # the INT4 load starts on `upgrade`'s thread, not this one
+        self._chosen.set()
 
     def upgrade(self, progress: ProgressFn | None) -> EngineLike | None:
-        """The INT4 engine once it is ready (None when the first engine already was INT4)."""
+        """The INT4 engine once it is ready (None when the first engine already was INT4, or the user keeps
+        the file's own weights)."""
         if not self.background:
             return None
+        if self.file_weights and self._engine is None and not self._finished.is_set() and not self._started:
+            self._chosen.wait()  # the first-run choice, answered in the app
+            if self.choice == "gguf":
+                return None
+            self._start(None)
         self._sink = progress
         if progress is not None and self._last is not None:
             progress(self._last)
@@ -58,6 +112,13 @@ class QuantizeInBackground:
         if self._error is not None:
             raise self._error
         return self._engine
+
+    def _start(self, progress: ProgressFn | None) -> None:
+        """The INT4 load on its thread; back once it has finished or started to quantize."""
+        self._sink, self._started = progress, True
+        # A daemon thread: quitting does not wait for a quantization (the cache is written atomically).
+        threading.Thread(target=self._load_int4, name="parley-awq", daemon=True).start()
+        self._changed.wait()
 
     def _load_int4(self) -> None:
         try:

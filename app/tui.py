@@ -24,7 +24,7 @@ def build_app(args: argparse.Namespace):
     """The app for these flags, with the engine loaded (and quantized, on first use) in the background."""
     # Imported here so `parley --help` and the other subcommands do not pay for Textual and torch.
     from parley.app.chat_app import ParleyApp
-    from parley.app.first_run import QuantizeInBackground
+    from parley.app.first_run import CHOICE_KEY, QuantizeInBackground, four_bit_gguf, model_key
     from parley.app.settings import Settings
 
     settings = Settings()
@@ -43,9 +43,13 @@ def build_app(args: argparse.Namespace):
         # the same flags, another model; no draft (a draft belongs to the model it was chosen for)
         return engine_from_args(argparse.Namespace(**{**vars(args), "model": ref, "draft": None}), progress=progress)
 
-    loader = QuantizeInBackground(load, "none" if args.server else args.quant)
+    # A first run of a .gguf already 4-bit chats on the file's own weights while Parley's INT4 is made
+    choices = settings.get(CHOICE_KEY, {})
+    loader = QuantizeInBackground(load, "none" if args.server else args.quant,
+                                  file_weights=lambda: four_bit_gguf(model),  # a .gguf already 4-bit: offer it
+                                  choice=choices.get(model_key(model)) if isinstance(choices, dict) else None)
     return ParleyApp(loader.load, upgrade_engine=loader.upgrade, load_model=None if args.server else load_model,
-                     model_ref=model, params=params, settings=settings, system_prompt=args.system)
+                     model_ref=model, params=params, settings=settings, system_prompt=args.system, first_run=loader)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -96,14 +96,21 @@ class Engine:
 
             tokenizer.use_template(read_template_file(chat_template), chat_template)
         quantization = "none"
+        imported = None
         if quant == "awq":
             from ..models.quantize.cache import ensure_quantized
 
             files = ensure_quantized(files, group_size=group_size, progress=progress)
             quantization = "awq-int4"
+        elif quant == "gguf":  # the file's own 4-bit blocks on the INT4 kernels: nothing to quantize
+            from ..models.gguf_int4 import Imported
+
+            imported = Imported()
         elif quant != "none":
-            raise ValueError(f"--quant {quant!r}: expected 'awq' or 'none'")
-        model = load_model(files, dtype=dtype, device=dev, progress=progress, name=name)
+            raise ValueError(f"--quant {quant!r}: expected 'awq', 'gguf' or 'none'")
+        model = load_model(files, dtype=dtype, device=dev, progress=progress, name=name, gguf_int4=imported)
+        if imported is not None:
+            quantization = f"gguf-int4:{imported.words()}"
         if quantization == "none" and model.config.quantization:
             quantization = f"{model.config.quantization.get('quant_method', 'quantized')}-int4"
         from ..models.device_prep import prepare_for_device

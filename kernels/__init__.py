@@ -44,11 +44,24 @@ def backend(device: torch.device | str) -> str:
 class ReferenceInt4Linear:
     """The AWQ tensors as they are; every call dequantizes the whole weight (slow, obviously right)."""
 
-    def __init__(self, qweight: Tensor, qzeros: Tensor, scales: Tensor, group_size: int) -> None:
+    def __init__(self, qweight: Tensor, qzeros: Tensor, scales: Tensor, group_size: int,
+                 mins: Tensor | None = None) -> None:
         self.qweight, self.qzeros, self.scales, self.group_size = qweight, qzeros, scales, group_size
+        self.mins = mins
 
     def matmul(self, x: Tensor) -> Tensor:
-        return reference.int4_linear(x, self.qweight, self.qzeros, self.scales, self.group_size)
+        return reference.int4_linear(x, self.qweight, self.qzeros, self.scales, self.group_size, self.mins)
+
+
+class WithMins:
+    """A product over (q - z) * s plus each group's float minimum, added as (x summed per group) @ mins: the
+    Triton kernels read AWQ's integer zero points only, and the minimum's share is a matmul 1/group the size."""
+
+    def __init__(self, inner: Matmul, mins: Tensor, group_size: int) -> None:
+        self.inner, self.mins, self.group_size = inner, mins.contiguous(), group_size
+
+    def matmul(self, x: Tensor) -> Tensor:
+        return self.inner.matmul(x) + reference.min_term(x, self.mins, self.group_size)
 
 
 class TritonInt4Linear:
@@ -70,17 +83,20 @@ class TritonInt4Linear:
         return y.to(x.dtype).reshape(*lead, y.shape[-1])
 
 
-def prepare(qweight: Tensor, qzeros: Tensor, scales: Tensor, group_size: int) -> Matmul:
+def prepare(qweight: Tensor, qzeros: Tensor, scales: Tensor, group_size: int,
+            mins: Tensor | None = None) -> Matmul:
     """The AWQ weight repacked for its device's fast path; `.matmul(x)` maps x [..., K] -> [..., N].
+    `mins` [K/group, N]: a float offset per group (W = (q - z) * s + m; see reference.py).
 
     A group size torch's CPU op lacks falls back to the reference rather than failing to load.
     """
     kind = backend(qweight.device)
     if kind == "reference" or (kind == "cpu" and group_size not in INT4_GROUP_SIZES):
-        return ReferenceInt4Linear(qweight, qzeros, scales, group_size)
+        return ReferenceInt4Linear(qweight, qzeros, scales, group_size, mins)
     if kind == "triton":
-        return TritonInt4Linear(qweight, qzeros, scales, group_size)
-    return CpuInt4Linear.from_awq(qweight, qzeros, scales, group_size)
+        mm = TritonInt4Linear(qweight, qzeros, scales, group_size)
+        return mm if mins is None else WithMins(mm, mins, group_size)
+    return CpuInt4Linear.from_awq(qweight, qzeros, scales, group_size, mins)
 
 
 def fuse_columns(weights: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
@@ -118,9 +134,10 @@ def prepare_gate_up(gate: tuple[Tensor, Tensor, Tensor], up: tuple[Tensor, Tenso
     return GateUp(*fuse_columns([gate, up]), group_size)
 
 
-def int4_linear(x: Tensor, qweight: Tensor, qzeros: Tensor, scales: Tensor, group_size: int) -> Tensor:
+def int4_linear(x: Tensor, qweight: Tensor, qzeros: Tensor, scales: Tensor, group_size: int,
+                mins: Tensor | None = None) -> Tensor:
     """y = x @ W for an AWQ INT4 weight, in x's dtype. Repacks on every call on CPU: prefer `prepare`."""
-    return prepare(qweight, qzeros, scales, group_size).matmul(x)
+    return prepare(qweight, qzeros, scales, group_size, mins).matmul(x)
 
 
 class DenseHead:

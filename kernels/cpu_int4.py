@@ -27,8 +27,9 @@ INT4_GROUP_SIZES = (32, 64, 128, 256)
 class CpuInt4Linear:
     """An INT4 weight repacked once for `torch.ops.aten._weight_int4pack_mm_for_cpu`."""
 
-    def __init__(self, q: Tensor, zeros: Tensor, scales: Tensor, group_size: int) -> None:
-        """q [K, N] ints in 0..15, zeros and scales [K/group, N]; W = (q - zeros) * scales per group."""
+    def __init__(self, q: Tensor, zeros: Tensor, scales: Tensor, group_size: int,
+                 mins: Tensor | None = None) -> None:
+        """q [K, N] ints in 0..15, zeros and scales [K/group, N]; W = (q - zeros) * scales (+ mins) per group."""
         if group_size not in INT4_GROUP_SIZES:
             raise ValueError(f"torch's CPU int4 op takes group sizes {INT4_GROUP_SIZES}, not {group_size}")
         K, N = q.shape
@@ -40,11 +41,15 @@ class CpuInt4Linear:
         z = torch.nn.functional.pad(zeros.float(), (0, pad))
         q = torch.nn.functional.pad(q.to(torch.int32), (0, pad))
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.t().contiguous(), 1)
-        self.scales_and_zeros = torch.stack([s, (8 - z) * s], dim=-1).to(COMPUTE_DTYPE).contiguous()
+        offset = (8 - z) * s
+        if mins is not None:  # a float minimum per group is part of the op's own offset
+            offset = offset + torch.nn.functional.pad(mins.float(), (0, pad))
+        self.scales_and_zeros = torch.stack([s, offset], dim=-1).to(COMPUTE_DTYPE).contiguous()
 
     @classmethod
-    def from_awq(cls, qweight: Tensor, qzeros: Tensor, scales: Tensor, group_size: int) -> CpuInt4Linear:
-        return cls(unpack_int4(qweight), unpack_int4(qzeros), scales, group_size)
+    def from_awq(cls, qweight: Tensor, qzeros: Tensor, scales: Tensor, group_size: int,
+                 mins: Tensor | None = None) -> CpuInt4Linear:
+        return cls(unpack_int4(qweight), unpack_int4(qzeros), scales, group_size, mins)
 
     def matmul(self, x: Tensor) -> Tensor:
         """x [..., K] -> [..., N] in x's dtype."""

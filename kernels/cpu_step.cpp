@@ -82,6 +82,9 @@ struct Lin {
     const float* w;
     const float* bias;
     int32_t act_block;
+    // Q4 only, or null: a float minimum per group, w = (q - z) * s + m (GGUF's Q4_1 and Q4_K: scale and
+    // minimum per 32 inputs), fp16 bits [N/16][K/G][16] as s16. Products with one read blocks of 32.
+    const uint16_t* m16;
 };
 
 struct Layer {
@@ -361,23 +364,33 @@ constexpr int PREFETCH_BYTES = 4096;
 
 template <int R, int AB>
 static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y, int ldy) {
-    const int K = L->K, nc = K / 64, G = L->group, ng = K / G, cpg = G / 64;
+    // groups of 32 (GGUF's Q4 formats; blocks of 32 only): two groups per chunk, hf's own below
+    const int K = L->K, nc = K / 64, G = L->group, ng = K / G, cpg = G >= 64 ? G / 64 : 1;
     // independent partial sums per position (short dependency chains); blocks of 32: low and high apart
     constexpr int P = AB == 32 ? 2 : (R <= 2 ? 4 : (R < 6 ? 2 : 1));
     const uint8_t* wq = L->q + (size_t)nb * nc * 512;
     const uint16_t* S = L->s16 + (size_t)nb * ng * 16;
     const uint8_t* Z = L->z + (size_t)nb * ng * 16;
+    const uint16_t* Mn = L->m16 ? L->m16 + (size_t)nb * ng * 16 : nullptr;
     const __m512i hi = _mm512_set1_epi8((char)0xf0);
     __m512 acc[R];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     __m512i zn = _mm512_setzero_si512();  // the group's -16 z as int16 in the low half of each lane
     __m512 s_16 = _mm512_setzero_ps();    // the group's s / 16 (exact)
+    // the same for each half of the chunk (groups of 32), and each half's minimum (zero without one)
+    __m512i zh[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    __m512 sh[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, mh[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int ci = 0; ci < nc; ci++) {
         if (ci % cpg == 0) {
-            const int g = ci / cpg;
-            const __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(Z + (size_t)g * 16)));
-            zn = _mm512_and_si512(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(z, 4)), _mm512_set1_epi32(0xffff));
-            s_16 = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(S + (size_t)g * 16))), _mm512_set1_ps(0.0625f));
+            for (int hf = 0; hf < (G == 32 ? 2 : 1); hf++) {
+                const int g = G == 32 ? 2 * ci + hf : ci / cpg;
+                const __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(Z + (size_t)g * 16)));
+                zn = _mm512_and_si512(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(z, 4)), _mm512_set1_epi32(0xffff));
+                s_16 = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(S + (size_t)g * 16))), _mm512_set1_ps(0.0625f));
+                zh[hf] = zn, sh[hf] = s_16;
+                if (Mn) mh[hf] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(Mn + (size_t)g * 16)));
+            }
+            if (G != 32) zh[1] = zh[0], sh[1] = sh[0], mh[1] = mh[0];
         }
         __m512i ib[R][P];
         for (int r = 0; r < R; r++)
@@ -414,8 +427,10 @@ static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y
             if constexpr (AB == 32) {  // ib[r][0]: inputs 0..31 of the chunk (low nibbles), ib[r][1]: 32..63
                 for (int hf = 0; hf < 2; hf++) {
                     const size_t blk = (size_t)(m0 + r) * 2 * nc + 2 * ci + hf;
-                    const __m512i b = _mm512_dpwssd_epi32(ib[r][hf], zn, _mm512_set1_epi32(a->xs[blk]));
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_mul_ps(_mm512_set1_ps(a->d[blk]), s_16), acc[r]);
+                    const __m512i b = _mm512_dpwssd_epi32(ib[r][hf], zh[hf], _mm512_set1_epi32(a->xs[blk]));
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_mul_ps(_mm512_set1_ps(a->d[blk]), sh[hf]), acc[r]);
+                    // the minimum's share: m times the block's sum of x (d times its exact integer sum)
+                    if (Mn) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a->d[blk] * (float)a->xs[blk]), mh[hf], acc[r]);
                 }
                 continue;
             }
@@ -626,7 +641,7 @@ static inline void f32_tile(const Lin* L, int n0, const float* x, int m0, float*
 
 // Portable fallbacks (no AVX-512 VNNI): the same layouts and quantities, plain loops; still batch invariant.
 static void q4_col_scalar(const Lin* L, int n, const Act* a, int m, float* y, int ldy) {
-    const int K = L->K, nc = K / 64, G = L->group, ng = K / G, cpg = G / 64, nb = n / 16, c = n % 16;
+    const int K = L->K, nc = K / 64, G = L->group, ng = K / G, nb = n / 16, c = n % 16;
     const uint8_t* wq = L->q + (size_t)nb * nc * 512;
     const int8_t* x = a->q + (size_t)m * K;
     const int nbl = K / lin_block(L), per = 64 / lin_block(L);  // activation blocks per row, per chunk
@@ -642,10 +657,11 @@ static void q4_col_scalar(const Lin* L, int n, const Act* a, int m, float* y, in
                 dot[1] += (b >> 4) * x[ci * 64 + 32 + 4 * t + j];
             }
         if (per == 1) dot[0] += dot[1];
-        const size_t i = ((size_t)nb * ng + ci / cpg) * 16 + c;
         for (int k = 0; k < per; k++) {
+            const size_t i = ((size_t)nb * ng + (ci * 64 + k * 32) / G) * 16 + c;  // groups of 32: one per half
             const int b16 = 16 * (dot[k] - (int)L->z[i] * xs[per * ci + k]);  // the vector path's exact int32
             acc += (float)b16 * (d[per * ci + k] * (half_to_f32(L->s16[i]) * 0.0625f));
+            if (L->m16) acc += (d[per * ci + k] * (float)xs[per * ci + k]) * half_to_f32(L->m16[i]);
         }
     }
     float v = acc;
@@ -2089,7 +2105,7 @@ struct FieldLayout { const char* type; const char* field; int offset, size; };  
 static const FieldLayout parley_layout_table[] = {
     PARLEY_STRUCT(Lin), PARLEY_FIELD(Lin, kind), PARLEY_FIELD(Lin, N), PARLEY_FIELD(Lin, K),
     PARLEY_FIELD(Lin, group), PARLEY_FIELD(Lin, q), PARLEY_FIELD(Lin, s), PARLEY_FIELD(Lin, s16),
-    PARLEY_FIELD(Lin, z), PARLEY_FIELD(Lin, w), PARLEY_FIELD(Lin, bias), PARLEY_FIELD(Lin, act_block),
+    PARLEY_FIELD(Lin, z), PARLEY_FIELD(Lin, w), PARLEY_FIELD(Lin, bias), PARLEY_FIELD(Lin, act_block), PARLEY_FIELD(Lin, m16),
     PARLEY_STRUCT(Layer), PARLEY_FIELD(Layer, attn_norm), PARLEY_FIELD(Layer, ffn_norm),
     PARLEY_FIELD(Layer, q_norm), PARLEY_FIELD(Layer, k_norm), PARLEY_FIELD(Layer, qkv), PARLEY_FIELD(Layer, o),
     PARLEY_FIELD(Layer, gate_up), PARLEY_FIELD(Layer, down), PARLEY_FIELD(Layer, window),

@@ -44,7 +44,8 @@ _why_not: str | None = None
 class Lin(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int32), ("N", ctypes.c_int32), ("K", ctypes.c_int32), ("group", ctypes.c_int32),
                 ("q", ctypes.c_void_p), ("s", ctypes.c_void_p), ("s16", ctypes.c_void_p), ("z", ctypes.c_void_p),
-                ("w", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("act_block", ctypes.c_int32)]
+                ("w", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("act_block", ctypes.c_int32),
+                ("m16", ctypes.c_void_p)]
 
 
 class Layer(ctypes.Structure):
@@ -226,18 +227,21 @@ def _pad_columns(t: Tensor, n: int) -> Tensor:
     return torch.cat([t, t.new_zeros(n - t.shape[0], *t.shape[1:])]) if n > t.shape[0] else t
 
 
-def pack_q4(q: Tensor, zeros: Tensor, scales: Tensor, group_size: int) -> dict[str, Tensor]:
+def pack_q4(q: Tensor, zeros: Tensor, scales: Tensor, group_size: int,
+            mins: Tensor | None = None) -> dict[str, Tensor]:
     """q [K, N] ints 0..15, zeros/scales [K/group, N] (W = (q - z) * s) -> cpu_step.cpp's column-block layout.
 
     Per block of 16 output columns and chunk of 64 inputs, 8 vectors of 64 bytes: byte 4n + j of vector t
     holds input 4t + j of column n (low nibble) and input 32 + 4t + j (high nibble), so one VNNI
     instruction takes 4 inputs of 16 columns. Scales (fp16, as the checkpoint stores them) and zero points
     (uint8) are [N/16][K/group][16]: 3 bytes per group, not 8 as fp32 scale and minimum would take. N is
-    padded to a multiple of 16 with zero columns.
+    padded to a multiple of 16 with zero columns. Groups of 32 (GGUF's Q4 formats) and a float minimum per
+    group (`mins`, fp16 numbers, W = (q - z) * s + m: key "m16") are read by the products in blocks of 32.
     """
     K, N = q.shape
-    if K % 64 or group_size % 64:
-        raise ValueError(f"the native step needs in_features ({K}) and group size ({group_size}) divisible by 64")
+    if K % 64 or group_size % 32 or (group_size % 64 and group_size != 32):
+        raise ValueError(f"the native step needs in_features ({K}) divisible by 64 and a group size of 32 or a "
+                         f"multiple of 64, not {group_size}")
     Np = (N + 15) // 16 * 16
     qn = _pad_columns(q.t().to(torch.uint8), Np)                      # [Np, K]
     qn = qn.reshape(Np // 16, 16, K // 64, 2, 8, 4)                   # block, n, chunk, half, t, j
@@ -250,7 +254,12 @@ def pack_q4(q: Tensor, zeros: Tensor, scales: Tensor, group_size: int) -> dict[s
 
     if not torch.equal(scales.half().float(), scales.float()):
         raise ValueError("the native step needs INT4 scales that are fp16 numbers (as AWQ checkpoints store them)")
-    return {"q": packed, "s16": blocks(scales).half().view(torch.int16), "z": blocks(zeros).to(torch.uint8)}
+    out = {"q": packed, "s16": blocks(scales).half().view(torch.int16), "z": blocks(zeros).to(torch.uint8)}
+    if mins is not None:
+        if not torch.equal(mins.half().float(), mins.float()):
+            raise ValueError("the native step needs INT4 minimums that are fp16 numbers")
+        out["m16"] = blocks(mins).half().view(torch.int16)
+    return out
 
 
 def awq_to_q4(qweight: Tensor, qzeros: Tensor, scales: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -280,8 +289,9 @@ def pack_q8(weight: Tensor) -> dict[str, Tensor]:
 
 def lin(kind: int, N: int, K: int, group: int = 0, q: Tensor | None = None, s: Tensor | None = None,
         s16: Tensor | None = None, z: Tensor | None = None, w: Tensor | None = None,
-        bias: Tensor | None = None, act_block: int = 64) -> Lin:
-    """`act_block`: the block of inputs (64 or 32) an INT4 product's activations are quantized in."""
+        bias: Tensor | None = None, act_block: int = 64, m16: Tensor | None = None) -> Lin:
+    """`act_block`: the block of inputs (64 or 32) an INT4 product's activations are quantized in; a group of
+    32 or a minimum per group (`m16`) needs 32."""
     def ptr(t: Tensor | None) -> int | None:
         if t is None:
             return None
@@ -290,4 +300,6 @@ def lin(kind: int, N: int, K: int, group: int = 0, q: Tensor | None = None, s: T
 
     if act_block not in (32, 64):
         raise ValueError(f"act_block must be 32 or 64, not {act_block}")
-    return Lin(kind, N, K, group, ptr(q), ptr(s), ptr(s16), ptr(z), ptr(w), ptr(bias), act_block)
+    if act_block != 32 and kind == W_Q4 and (group == 32 or m16 is not None):
+        raise ValueError("INT4 products in groups of 32 or with minimums read activations in blocks of 32")
+    return Lin(kind, N, K, group, ptr(q), ptr(s), ptr(s16), ptr(z), ptr(w), ptr(bias), act_block, ptr(m16))

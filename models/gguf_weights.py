@@ -13,13 +13,16 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gguf
 import numpy as np
 import torch
 
 from .errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from .gguf_int4 import Imported
 
 # GGUF tensor name (after `blk.N.`) -> our parameter name (after `layers.N.`).
 _BLOCK_NAMES = {
@@ -212,9 +215,15 @@ def dequantize(tensor: GGUFTensor, path: Path) -> torch.Tensor:
     return torch.from_numpy(np.array(array, dtype=np.float32))  # a copy: the file is mapped read-only
 
 
-def iter_weights(file: GGUFFile, arch: str, n_heads: int, n_kv_heads: int) -> Iterator[tuple[str, torch.Tensor]]:
+_DECODER_LINEAR = re.compile(r"layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight")
+
+
+def iter_weights(file: GGUFFile, arch: str, n_heads: int, n_kv_heads: int,
+                 int4: Imported | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """(our name, fp32 tensor) for every parameter in the file, with q/k rows un-permuted.
 
+    `int4` given: each decoder linear comes as Int4Linear's tensors instead (`prefix.qweight`, ...; the
+    file's own 4-bit blocks where it has them, models/gguf_int4.py), tallied in `int4`.
     Gemma's norms come as llama.cpp's converter stored them, 1 + w: the gain our model holds."""
     path = file.path
     for tensor in file.tensors:
@@ -223,9 +232,23 @@ def iter_weights(file: GGUFFile, arch: str, n_heads: int, n_kv_heads: int) -> It
             if tensor.name == "rope_freqs.weight":  # llama3 rope scaling, as per-frequency divisors
                 yield "rope_freqs", dequantize(tensor, path)
             continue
-        w = dequantize(tensor, path)
+        heads = None
         if arch in _PERMUTED_ARCHS and name.endswith(("q_proj.weight", "q_proj.bias")):
-            w = unpermute_rotary(w, n_heads)
+            heads = n_heads
         elif arch in _PERMUTED_ARCHS and name.endswith(("k_proj.weight", "k_proj.bias")):
-            w = unpermute_rotary(w, n_kv_heads)
-        yield name, w
+            heads = n_kv_heads
+        rows = (lambda t, h=heads: unpermute_rotary(t, h)) if heads else None
+        if int4 is not None and _DECODER_LINEAR.fullmatch(name):
+            from .gguf_int4 import FOUR_BIT, int4_tensors
+
+            fp = None if tensor.kind in FOUR_BIT else dequantize(tensor, path)
+            if tensor.shape[-1] % 32 or tensor.shape[0] % 8:
+                raise ModelLoadError(f"{path}: tensor {tensor.name} has shape {tensor.shape}; INT4 import needs "
+                                     "in % 32 == 0 and out % 8 == 0 -- use --quant awq or none")
+            int4.add(tensor.kind)
+            prefix = name.removesuffix(".weight")
+            for key, t in int4_tensors(tensor.kind, tensor.data, fp, rows).items():
+                yield f"{prefix}.{key}", t
+            continue
+        w = dequantize(tensor, path)
+        yield name, (rows(w) if rows else w)

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
@@ -23,6 +24,9 @@ from .errors import ModelLoadError
 from .progress import Progress, ProgressFn
 from .resolve import ModelFiles, weight_files
 from .transformer import Transformer, is_norm_weight, rope_frequencies
+
+if TYPE_CHECKING:
+    from .gguf_int4 import Imported
 
 INV_FREQ = "rotary_emb.inv_freq"  # our name (after `model.`) for stored rotary frequencies
 
@@ -38,9 +42,11 @@ def load_config(files: ModelFiles) -> ModelConfig:
 
 def load_model(files: ModelFiles, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu", progress: ProgressFn | None = None,
-               name: str | None = None) -> Transformer:
+               name: str | None = None, gguf_int4: Imported | None = None) -> Transformer:
     """The model in eval mode, its weights in `dtype` on `device` (INT4 scales stay fp16). `progress` hears
-    once the config is valid (a damaged config is one error line, with no progress line before it)."""
+    once the config is valid (a damaged config is one error line, with no progress line before it).
+    `gguf_int4` (GGUF only): the decoder's linears as INT4 from the file's own 4-bit blocks, not dequantized
+    (models/gguf_int4.py); what was imported how is tallied in it."""
     from .quantize.checkpoint import awq_group_size_of, is_awq
 
     def reading() -> None:
@@ -53,8 +59,18 @@ def load_model(files: ModelFiles, dtype: torch.dtype = torch.float32,
         file = open_gguf(files.path)
         config = ModelConfig.from_gguf(file)
         reading()
-        weights = iter_weights(file, config.arch, config.n_heads, config.n_kv_heads)
-        return assemble(config, weights, dtype, device, str(files.path))
+        weights = iter_weights(file, config.arch, config.n_heads, config.n_kv_heads, gguf_int4)
+        from .gguf_int4 import GROUP
+
+        model = assemble(config, weights, dtype, device, str(files.path), GROUP if gguf_int4 is not None else None)
+        if gguf_int4 is not None and not gguf_int4.own:
+            raise ModelLoadError(f"{files.path}: no decoder weight is stored 4-bit (Q4_0, Q4_1 or Q4_K) but "
+                                 f"{gguf_int4.words().removeprefix('none + ')}; --quant gguf runs a file's own 4-bit "
+                                 "weights -- use --quant awq (Parley's INT4) or none")
+        return model
+    if gguf_int4 is not None:
+        raise ModelLoadError(f"{files.path}: --quant gguf imports a .gguf file's own 4-bit weights; this is not "
+                             "a .gguf file -- use --quant awq or none")
     config = load_config(files)
     group_size = None
     if is_awq(config.quantization):
@@ -146,8 +162,9 @@ def assemble(config: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], d
         if name.endswith(INV_FREQ) or (name == "lm_head.weight" and config.tie_embeddings):
             continue  # recomputed, or the same tensor as embed_tokens
         prefix = name.rpartition(".")[0]
-        if name.endswith((".qweight", ".qzeros", ".scales")) and prefix in linears:  # shards may hold any first
-            int4 = _swap_in_int4(*linears.pop(prefix), prefix, group_size, dtype, source)
+        if name.endswith((".qweight", ".qzeros", ".scales", ".mins")) and prefix in linears:  # any may come first
+            # but `mins` (a GGUF import's float minimum per group) comes first where a linear has them
+            int4 = _swap_in_int4(*linears.pop(prefix), prefix, group_size, dtype, source, name.endswith(".mins"))
             expected.pop(f"{prefix}.weight")
             expected.pop(f"{prefix}.bias", None)
             expected.update({f"{prefix}.{k}": t.shape for k, t in int4.state_dict().items()})
@@ -163,7 +180,7 @@ def assemble(config: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], d
             )
         _check_values(name, tensor, source)
         if tensor.is_floating_point():  # INT4 scales stay fp16, as the kernels read them; packed ints as stored
-            tensor = tensor.to(torch.float16 if name.endswith(".scales") else dtype)
+            tensor = tensor.to(torch.float16 if name.endswith((".scales", ".mins")) else dtype)
         placed[name] = tensor.to(device)
     if n_linears and len(linears) == n_linears:  # not one qweight: a full-precision model under an AWQ label
         raise ModelLoadError(f"{source}: config.json says AWQ (quantization_config) but the weights hold no "
@@ -213,12 +230,12 @@ def _decoder_linears(model: Transformer) -> dict[str, tuple[torch.nn.Module, str
 
 
 def _swap_in_int4(parent: torch.nn.Module, attr: str, lin: torch.nn.Module, name: str, group_size: int,
-                  dtype: torch.dtype, source: str) -> torch.nn.Module:
+                  dtype: torch.dtype, source: str, mins: bool = False) -> torch.nn.Module:
     from .quantize.int4_linear import Int4Linear
 
     try:
         int4 = Int4Linear(lin.in_features, lin.out_features, group_size, lin.bias is not None,
-                          device="meta", dtype=dtype)
+                          device="meta", dtype=dtype, mins=mins)
     except ValueError as e:
         raise ModelLoadError(f"{source}: {name}: {e}; the AWQ checkpoint's group_size does not fit this "
                              "model -- re-quantize it") from None

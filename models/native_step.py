@@ -30,8 +30,10 @@ from .transformer import KVCache, Transformer
 log = logging.getLogger(__name__)
 
 
-def _q4_parts(m: Int4Linear) -> tuple[Tensor, Tensor, Tensor]:
-    return native.awq_to_q4(m.qweight, m.qzeros, m.scales)
+def _q4_parts(m: Int4Linear) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """q, zeros, scales [.., N] in natural column order, and the minimums (zero where it has none)."""
+    mins = m.mins if m.mins is not None else torch.zeros_like(m.scales)
+    return (*native.awq_to_q4(m.qweight, m.qzeros, m.scales), mins)
 
 
 def _interleave16(a: Tensor, b: Tensor, dim: int) -> Tensor:
@@ -238,25 +240,32 @@ class NativeStep:
                 raise ValueError("fused INT4 linears must share a group size")
             group = groups.pop()
             K, N = mods[0].in_features, sum(m.out_features for m in mods)
+            with_mins = any(m.mins is not None for m in mods)  # GGUF's Q4_1/Q4_K; zeros for the others
 
             def pack() -> dict[str, Tensor]:
                 parts = [_q4_parts(m) for m in mods]
                 if interleave:
-                    q, z, s = (_interleave16(parts[0][j], parts[1][j], 1) for j in range(3))
+                    q, z, s, mn = (_interleave16(parts[0][j], parts[1][j], 1) for j in range(4))
                 else:
-                    q, z, s = (torch.cat([p[j] for p in parts], dim=1) for j in range(3))
-                return native.pack_q4(q, z, s, group)
+                    q, z, s, mn = (torch.cat([p[j] for p in parts], dim=1) for j in range(4))
+                return native.pack_q4(q, z, s, group, mn if with_mins else None)
 
-            if K % 64 or group % 64:
-                raise ValueError(f"the native step needs in_features ({K}) and group size ({group}) divisible by 64")
+            if K % 64 or group % 32 or (group % 64 and group != 32):
+                raise ValueError(f"the native step needs in_features ({K}) divisible by 64 and a group size of 32 "
+                                 f"or a multiple of 64, not {group}")
+            if group == 32 or with_mins:  # the products read these in blocks of 32 (cpu_step.cpp, q4_block)
+                act_block = 32
             Np = (N + 15) // 16 * 16
-            packed = self._packed(name, pack, {"q": ((Np // 16, K // 64, 8, 16, 4), torch.uint8),
-                                               "s16": ((Np // 16, K // group, 16), torch.int16),
-                                               "z": ((Np // 16, K // group, 16), torch.uint8)})
+            shapes = {"q": ((Np // 16, K // 64, 8, 16, 4), torch.uint8),
+                      "s16": ((Np // 16, K // group, 16), torch.int16), "z": ((Np // 16, K // group, 16), torch.uint8)}
+            if with_mins:
+                shapes["m16"] = ((Np // 16, K // group, 16), torch.int16)
+            packed = self._packed(name, pack, shapes)
             biases = [m.bias for m in mods]
             bias = self._keep(torch.cat([b.float() for b in biases]).contiguous()) if biases[0] is not None else None
             return native.lin(native.W_Q4, N, K, mods[0].group_size, q=self._keep(packed["q"]),
-                              s16=self._keep(packed["s16"]), z=self._keep(packed["z"]), bias=bias, act_block=act_block)
+                              s16=self._keep(packed["s16"]), z=self._keep(packed["z"]), bias=bias, act_block=act_block,
+                              m16=self._keep(packed["m16"]) if with_mins else None)
         if all(isinstance(m, nn.Linear) for m in mods):
             ws = [m.weight.detach().float() for m in mods]
             w = _interleave16(ws[0], ws[1], 0) if interleave else torch.cat(ws, dim=0)

@@ -333,6 +333,22 @@ MUTANTS: list[Mutant] = [
            'if encoding not in ("", "identity"):',
            'if encoding not in ("", "identity", "gzip"):',
            ("tests/test_remote_reads_are_bounded.py",)),
+    # GGUF 4-bit import (--quant gguf): the blocks' layout, and the kernels' groups of 32 and minimums
+    Mutant("gguf-q4-nibbles-swapped", "models/gguf_int4.py",
+           "np.concatenate([qs & 0xF, qs >> 4], axis=-1)", "np.concatenate([qs >> 4, qs & 0xF], axis=-1)",
+           ("tests/test_gguf_int4_import_is_exact.py",)),
+    Mutant("gguf-q4k-high-scale-bits-dropped", "models/gguf_int4.py",
+           "sc[..., 4:] = (s[..., 8:12] & 0xF) | ((s[..., 0:4] >> 6) << 4)", "sc[..., 4:] = s[..., 8:12] & 0xF",
+           ("tests/test_gguf_int4_import_is_exact.py",)),
+    Mutant("cpu-op-minimum-dropped", "kernels/cpu_int4.py",
+           "offset = offset + torch.nn.functional.pad(mins.float(), (0, pad))", "offset = offset",
+           ("tests/test_gguf_int4_import_is_exact.py",)),
+    Mutant("native-minimum-dropped", "kernels/cpu_step.cpp",
+           "if (L->m16) acc += (d[per * ci + k] * (float)xs[per * ci + k]) * half_to_f32(L->m16[i]);", "",
+           ("tests/test_native_linear_reads_gguf_groups.py",)),
+    Mutant("native-group32-one-group-per-chunk", "kernels/cpu_step.cpp",
+           "(ci * 64 + k * 32) / G) * 16 + c;", "(ci * 64) / G) * 16 + c;",
+           ("tests/test_native_linear_reads_gguf_groups.py",)),
 ]
 
 

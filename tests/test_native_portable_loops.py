@@ -26,6 +26,7 @@ def test_portable_loops_pass_the_native_tests(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         str(TESTS / "test_native_linear_matches_reference.py"),
+                        str(TESTS / "test_native_linear_reads_gguf_groups.py"),
                         str(TESTS / "test_native_step_batch_invariance.py"),
                         str(TESTS / "test_native_attention_matches_banded_reference.py"),
                         str(TESTS / "test_down_hadamard_rotation_is_exact.py")],

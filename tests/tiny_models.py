@@ -91,12 +91,13 @@ def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 
 def write_gguf(path: Path, model, config: dict, override_type: dict | None = None,
-               rope_freqs: torch.Tensor | None = None) -> Path:
+               rope_freqs: torch.Tensor | None = None, linears_as=None) -> Path:
     """`model` as llama.cpp's converter would write it (F32 tensors), with a byte-level tokenizer.
 
     `override_type` maps a GGUF tensor name to a GGMLQuantizationType to store it as raw bytes of that
     type instead (to test types Parley cannot read). `rope_freqs`: the per-frequency divisors the converter
-    writes for llama3-style rope scaling.
+    writes for llama3-style rope scaling. `linears_as`: a GGMLQuantizationType the decoder's linears are
+    quantized to by gguf.quants (e.g. Q4_0, Q4_1), as a quantized GGUF stores them.
     """
     import gguf
     import numpy as np
@@ -142,7 +143,9 @@ def write_gguf(path: Path, model, config: dict, override_type: dict | None = Non
         elif arch == "llama" and rest_is(stem, "self_attn.k_proj"):
             t = llama_cpp_permute(t, c.num_key_value_heads)
         qtype = (override_type or {}).get(gname)
-        if qtype is None:
+        if linears_as is not None and stem.startswith("layers.") and stem.endswith("_proj") and kind == "weight":
+            w.add_tensor(gname, gguf.quants.quantize(t.numpy(), linears_as), raw_dtype=linears_as)
+        elif qtype is None:
             w.add_tensor(gname, t.numpy())
         else:
             block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]

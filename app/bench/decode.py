@@ -30,7 +30,8 @@ PROMPT = ("Write a detailed, friendly explanation of how rainbows form, covering
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model ref (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--quant", default="awq", help="comma-separated weights to measure: awq (INT4, default), none")
+    p.add_argument("--quant", default="awq", help="comma-separated weights to measure: awq (INT4, default), gguf "
+                   "(a .gguf file's own 4-bit weights), none")
     p.add_argument("--kv-cache", default="auto",
                    help="comma-separated KV cache types: auto (the engine's default), fp, bf16, int8, k8v4")
     p.add_argument("--path", default="native",

@@ -9,7 +9,8 @@ output head is floating point, so the figures measure the quantization alone (an
 not an hour of per-call dequantization); `--kernels auto` scores the models exactly as the engine runs them.
 `--text` scores another text instead (e.g. `/usr/share/common-licenses/GPL-3`, one the project never tuned
 on). The INT4 model's bits per weight and its greedy agreement with the fp model on the benches' prompts
-(tokens until the first difference) are reported with its perplexity.
+(tokens until the first difference) are reported with its perplexity. A .gguf model is also scored on its
+own 4-bit weights imported as INT4 (`--quant gguf`, row `gguf_int4`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "prompts (0: skip)")
     parser.add_argument("--summary-tokens", type=int, default=128,
                         help="with --kv-cache: greedy tokens of a long-document summary compared with the fp cache's")
+    parser.add_argument("--no-awq", action="store_true",
+                        help="score only the fp32 model and, for a .gguf, its own 4-bit weights (no AWQ run)")
     add_json_argument(parser)
 
 
@@ -87,7 +90,8 @@ def dequantized(model):
         if isinstance(lin, Int4Linear):
             dense = nn.Linear(lin.in_features, lin.out_features, bias=lin.bias is not None)
             with torch.no_grad():
-                dense.weight.copy_(dequantize(lin.qweight, lin.qzeros, lin.scales.float(), lin.group_size).t())
+                dense.weight.copy_(dequantize(lin.qweight, lin.qzeros, lin.scales.float(), lin.group_size,
+                                              lin.mins).t())
                 if lin.bias is not None:
                     dense.bias.copy_(lin.bias)
             setattr(parent, name, dense)
@@ -149,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.kv_cache:
         return kv_cache_quality(args, fp, chunks, files.ref, [t.name for t in texts], say)
+    if args.no_awq:
+        return fp_and_gguf_quality(args, fp, files, chunks, [t.name for t in texts], reference, say)
     awq_files = ensure_quantized(files, group_size=args.group_size, calib=_calib(args.calib),
                                  n_samples=args.samples, seq_len=args.seq_len, progress=print_progress)
     manifest = json.loads((awq_files.path / "manifest.json").read_text())
@@ -191,10 +197,15 @@ def run(args: argparse.Namespace) -> int:
                            "folder": str(awq_files.path)}
     results["rtn_int4"]["bits_per_weight"] = bits_per_weight_rtn(group)
     say(f"AWQ  g{group:<4}  ppl {results['awq_int4']['ppl']:.3f}")
+    if files.kind == "gguf":  # the file's own 4-bit blocks, imported (--quant gguf), beside Parley's INT4
+        results["gguf_int4"] = gguf_quality(args.model, chunks, reference, say)
     if args.agreement_tokens:
         fp_engine = Engine.load(args.model, quant="none", device="cpu")
         int4_engine = Engine.load(str(awq_files.path), quant="none", device="cpu")
         results["awq_int4"]["greedy_agreement"] = greedy_agreement(fp_engine, int4_engine, args.agreement_tokens)
+        if "gguf_int4" in results:
+            int4_engine = Engine.load(args.model, quant="gguf", device="cpu")
+            results["gguf_int4"]["greedy_agreement"] = greedy_agreement(fp_engine, int4_engine, args.agreement_tokens)
         del fp_engine, int4_engine
 
     base = results["fp32"]["ppl"]
@@ -213,10 +224,62 @@ def run(args: argparse.Namespace) -> int:
         out = ["", *table(("model", "ppl", "vs fp32", "bits/weight (decoder linears)"), rows),
                f"group size {group}; method {results['awq_int4']['method']}; output head: {head}; "
                f"calibration: {manifest['calibration']}; quantized in {manifest['timing']['quantize_s']} s"]
-        if "greedy_agreement" in results["awq_int4"]:
-            g = results["awq_int4"]["greedy_agreement"]
-            out.append(f"greedy agreement with fp32 over {g['tokens']} tokens on {len(g['prompts'])} prompts: "
-                       f"identical for the first {g['median']} tokens (median), {g['worst']} (worst)")
+        for name in ("awq_int4", "gguf_int4"):
+            if "greedy_agreement" in results.get(name, {}):
+                g = results[name]["greedy_agreement"]
+                out.append(f"{name}: greedy agreement with fp32 over {g['tokens']} tokens on {len(g['prompts'])} "
+                           f"prompts: identical for the first {g['median']} tokens (median), {g['worst']} (worst)")
+        if "gguf_int4" in results:
+            out.append(f"gguf_int4: {results['gguf_int4']['weights']}")
+        return out
+
+    return emit(summary, args.json, lines)
+
+
+def gguf_quality(model_ref: str | None, chunks, reference: bool, say) -> dict:
+    """Perplexity of a GGUF's own 4-bit weights imported as INT4 (--quant gguf): nothing quantized again."""
+    from ...engine.engine import Engine
+    from ...models.quantize.int4_linear import bits_per_weight
+
+    t0 = time.monotonic()
+    engine = Engine.load(model_ref, quant="gguf", device="cpu")
+    model, step = engine.model, engine.native
+    bits = bits_per_weight(model)
+    if reference:
+        step = None
+        dequantized(model)
+    r = {"ppl": perplexity(model, chunks, step=step), "seconds": time.monotonic() - t0, "bits_per_weight": bits,
+         "weights": engine.quantization.removeprefix("gguf-int4:")}
+    say(f"GGUF {r['weights']}  ppl {r['ppl']:.3f}")
+    return r
+
+
+def fp_and_gguf_quality(args: argparse.Namespace, fp, files, chunks, text: list[str], reference: bool, say) -> int:
+    """--no-awq: the fp32 model and (a .gguf) its own 4-bit weights, with their greedy agreement."""
+    from ...engine.engine import Engine
+
+    t0 = time.monotonic()
+    results = {"fp32": {"ppl": perplexity(fp.model, chunks, step=fp.native), "seconds": time.monotonic() - t0}}
+    say(f"fp32        ppl {results['fp32']['ppl']:.3f}")
+    if files.kind == "gguf":
+        results["gguf_int4"] = gguf_quality(args.model, chunks, reference, say)
+        if args.agreement_tokens:
+            int4 = Engine.load(args.model, quant="gguf", device="cpu")
+            results["gguf_int4"]["greedy_agreement"] = greedy_agreement(fp, int4, args.agreement_tokens)
+    for r in results.values():
+        r["vs_fp32"] = r["ppl"] / results["fp32"]["ppl"] - 1
+    summary = {"bench": "quality", "model": files.ref, "text": text, "chunk": args.chunk, "chunks": len(chunks),
+               "scored_tokens": len(chunks) * (args.chunk - args.chunk // 2), "kernels": args.kernels,
+               "results": results}
+
+    def lines(summary: dict) -> list[str]:
+        rows = [(name, f"{r['ppl']:.3f}", f"{100 * r['vs_fp32']:+.1f}%", r.get("weights", ""))
+                for name, r in results.items()]
+        out = ["", *table(("model", "ppl", "vs fp32", "weights"), rows)]
+        g = results.get("gguf_int4", {}).get("greedy_agreement")
+        if g:
+            out.append(f"gguf_int4: greedy agreement with fp32 over {g['tokens']} tokens on {len(g['prompts'])} "
+                       f"prompts: identical for the first {g['median']} tokens (median), {g['worst']} (worst)")
         return out
 
     return emit(summary, args.json, lines)

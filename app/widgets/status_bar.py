@@ -1,8 +1,9 @@
 """One line of live figures: speed, latency, speculation, context; the model on the right.
 
 Everything is said in words a newcomer reads without a glossary ("speculating: prompt lookup · 70% of
-guesses kept · 2.8 tokens per step", "INT4 (AWQ)"), and what matters most survives a narrow terminal: the
-model on the right stays whole, background work next to it, the figures give way first.
+guesses kept · 2.8 tokens per step", "INT4 (AWQ)", "INT4 (the file's own Q4_1)"), and what matters most
+survives a narrow terminal: the model on the right stays whole, background work next to it, the figures
+give way first.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ def quantization_words(quantization: str) -> str:
     """'INT4 (AWQ)' for 'awq-int4', 'full precision' for 'none': what the user sees of the engine's term."""
     if quantization in QUANTIZATION_WORDS:
         return QUANTIZATION_WORDS[quantization]
+    if quantization.startswith("gguf-int4:"):  # --quant gguf: the .gguf file's own 4-bit weights
+        return f"INT4 (the file's own {quantization.removeprefix('gguf-int4:')})"
     method, _, bits = quantization.rpartition("-")
     return f"{bits.upper()} ({method.upper()})" if method and bits.startswith("int") else quantization
 

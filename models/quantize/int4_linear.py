@@ -19,10 +19,14 @@ LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 class Int4Linear(nn.Module):
-    """y = x @ dequant(qweight) + bias, weights in the AutoAWQ GEMM layout (see pack.py)."""
+    """y = x @ dequant(qweight) + bias, weights in the AutoAWQ GEMM layout (see pack.py).
+
+    `mins=True`: a float minimum per group too, W = (q - z) * s + m (fp16 [in/group, out]), the form of
+    GGUF's Q4_1 and Q4_K blocks, imported as they are (models/gguf_int4.py); AWQ checkpoints have none."""
 
     def __init__(self, in_features: int, out_features: int, group_size: int, bias: bool = False,
-                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float16) -> None:
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float16,
+                 mins: bool = False) -> None:
         super().__init__()
         if in_features % group_size or out_features % 8:
             raise ValueError(f"Int4Linear({in_features}, {out_features}) needs in % group_size "
@@ -38,6 +42,10 @@ class Int4Linear(nn.Module):
             self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device))
         else:
             self.bias = None
+        if mins:
+            self.register_buffer("mins", torch.zeros(n_groups, out_features, dtype=torch.float16, device=device))
+        else:
+            self.mins = None
         self._prepared: Any = None  # the kernels' repacked form, built on first use
 
     @classmethod
@@ -75,15 +83,16 @@ class Int4Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if hasattr(kernels, "prepare"):
             if self._prepared is None:
-                self._prepared = kernels.prepare(self.qweight, self.qzeros, self.scales, self.group_size)
+                self._prepared = kernels.prepare(self.qweight, self.qzeros, self.scales, self.group_size,
+                                                 self.mins)
             y = self._prepared.matmul(x)
         else:
-            y = kernels.int4_linear(x, self.qweight, self.qzeros, self.scales, self.group_size)
+            y = kernels.int4_linear(x, self.qweight, self.qzeros, self.scales, self.group_size, self.mins)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, group_size={self.group_size}, " \
-               f"bias={self.bias is not None}"
+               f"bias={self.bias is not None}" + (", mins=True" if self.mins is not None else "")
 
 
 def decoder_linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
@@ -99,10 +108,12 @@ def decoder_linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
 
 def bits_per_weight(model: nn.Module) -> float:
     """Stored bits per weight over the decoder's INT4 linears: the 4-bit integers plus every group's fp16
-    scale and packed 4-bit zero point (the output head and embeddings not included)."""
+    scale and packed 4-bit zero point, and fp16 minimum where it has one (the output head and embeddings
+    not included)."""
     bits = weights = 0
     for _, _, lin in decoder_linears(model):
         if isinstance(lin, Int4Linear):
-            bits += sum(t.numel() * t.element_size() * 8 for t in (lin.qweight, lin.qzeros, lin.scales))
+            parts = (lin.qweight, lin.qzeros, lin.scales) + (() if lin.mins is None else (lin.mins,))
+            bits += sum(t.numel() * t.element_size() * 8 for t in parts)
             weights += lin.in_features * lin.out_features
     return bits / weights if weights else float("nan")
