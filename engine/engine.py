@@ -108,6 +108,13 @@ class Engine:
             imported = Imported()
         elif quant != "none":
             raise ValueError(f"--quant {quant!r}: expected 'awq', 'gguf' or 'none'")
+        else:
+            from ..models.loading import load_config
+            from ..models.weights_dtype import weights_dtype
+
+            config = load_config(files)
+            if not config.quantization:  # an AWQ folder's linears are INT4 whatever dtype its other tensors get
+                dtype = weights_dtype(config, dev, str(files.path))
         model = load_model(files, dtype=dtype, device=dev, progress=progress, name=name, gguf_int4=imported)
         if imported is not None:
             quantization = f"gguf-int4:{imported.words()}"

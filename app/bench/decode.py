@@ -46,14 +46,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-at", type=int, default=0, metavar="TOKENS",
                    help="peak RSS with this many tokens of context, per cache type (one process each)")
     p.add_argument("--device", default=None)
-    p.add_argument("--random", choices=sorted(RANDOM_SHAPES), default=None,
-                   help="random weights of this shape instead of --model (GPU figures for a 7B-shaped model)")
+    p.add_argument("--random", choices=sorted(RANDOM_SHAPES), default=None, metavar="SHAPE",
+                   help="random weights of this shape instead of --model: " + ", ".join(sorted(RANDOM_SHAPES)) +
+                        " (a bf16 checkpoint written once into the cache, seed 0, and its INT4 rounding; with "
+                        "--llama-cpp also its Q4_0 and Q4_K_M GGUFs)")
     p.add_argument("--threads", type=int, default=None, help="threads (default: automatic)")
     p.add_argument("--llama-cpp", default=None, metavar="SCRIPT",
                    help="also run llama.cpp in the same run and print its figures and Parley's ratio to them: the "
                         "peer script (`SCRIPT bench`, e.g. scripts/llama_cpp.sh) on the embedded model's "
                         "weights; with a .gguf --model, llama-bench on that same file (the script's build, or "
-                        "--llama-bench)")
+                        "--llama-bench); with --random, llama-bench on Q4_0 and Q4_K_M GGUFs that llama-quantize "
+                        "(beside llama-bench) makes from the same checkpoint")
     p.add_argument("--llama-bench", default=None, metavar="PATH",
                    help="llama.cpp's llama-bench binary for a .gguf --model (default: the peer script's build, "
                         "$PEERS/llama.cpp/build/bin/llama-bench, PEERS defaulting to ~/.cache/parley-peers)")
@@ -180,11 +183,15 @@ def prefill_rate(engine, prompt_ids: list[int], tokens: int, repeats: int) -> fl
     return _median(rates[1:])
 
 
+def _log(message: str) -> None:
+    print(f"[bench decode] {message}", file=sys.stderr, flush=True)
+
+
 def load_engine(args: argparse.Namespace, quant: str, kv: str, path: str):
     if args.random:
         from .random_weights import random_engine
 
-        return random_engine(args.random, quant, args.device, kv_cache=kv, native=path != "torch")
+        return random_engine(args.random, quant, args.device, kv_cache=kv, native=path != "torch", log=_log)
     from ..engine_from_args import engine_from_args
 
     return engine_from_args(args, quant=quant, kv_cache=kv, native=path != "torch", draft=None, compile=None)
@@ -269,6 +276,33 @@ def llama_bench_figures(binary: str, model: str, threads: int, prefill: int, new
     return rows
 
 
+def random_llama_cpp_files(args: argparse.Namespace, threads: int) -> dict:
+    """{type: GGUF} of the random shape for llama.cpp (llama-quantize sits beside llama-bench), or {"error": ...}."""
+    from .random_weights import llama_cpp_files
+
+    bench = llama_bench_path(args.llama_cpp, args.llama_bench)
+    quantize = os.path.join(os.path.dirname(bench), "llama-quantize")
+    if not os.path.isfile(quantize):
+        return {"error": f"{quantize}: no llama-quantize beside llama-bench; build llama.cpp "
+                         "(../shared/peers/llama_cpp.sh build) or pass --llama-bench PATH of a full build"}
+    return llama_cpp_files(args.random, quantize, log=_log, threads=threads)
+
+
+def random_llama_cpp_figures(args: argparse.Namespace, files: dict, threads: int, depths: list[int]) -> list | dict:
+    """llama-bench on each GGUF of the random shape, its rows one list (each row's `type` names the file's)."""
+    if "error" in files:
+        return files
+    bench = llama_bench_path(args.llama_cpp, args.llama_bench)
+    rows: list[dict] = []
+    for path in files.values():
+        got = llama_bench_figures(bench, str(path), threads, args.prefill_tokens, args.new_tokens, depths,
+                                  args.repeats)
+        if isinstance(got, dict):
+            return got
+        rows += got
+    return rows
+
+
 def _gguf_file(model: str | None) -> str | None:
     """--model's path when it is a GGUF file (llama.cpp then benches that very file)."""
     if model and model.lower().endswith(".gguf") and os.path.isfile(os.path.expanduser(model)):
@@ -299,6 +333,9 @@ def run(args: argparse.Namespace) -> int:
     probed: list[float] = []  # every bandwidth of the run: its median is the run's `read_bandwidth_gbs`
     results: dict = {"model": None, "threads": threads, "new_tokens": args.new_tokens,
                      "prefill_tokens": args.prefill_tokens, "read_bandwidth_gbs": None, "engines": {}}
+    want_peers = bool(args.llama_cpp or args.llama_bench)
+    # llama.cpp's files first, so its runs follow Parley's closely on a machine whose speed drifts
+    peer_files = random_llama_cpp_files(args, threads) if args.random and want_peers else None
     for quant in [q.strip() for q in args.quant.split(",") if q.strip()]:
         for path in [p.strip() for p in args.path.split(",") if p.strip()]:
             for kv in [k.strip() for k in args.kv_cache.split(",") if k.strip()]:
@@ -348,9 +385,11 @@ def run(args: argparse.Namespace) -> int:
                 results["engines"][name] = r
                 del engine
     results["read_bandwidth_gbs"] = round(_median(probed) if probed else read_bandwidth_gbs(), 1)
-    if args.llama_cpp or args.llama_bench:
+    if want_peers:
         gguf = _gguf_file(args.model)
-        if gguf:  # the same file Parley loaded, not the script's re-quantized copies of the embedded model
+        if peer_files is not None:
+            peers = random_llama_cpp_figures(args, peer_files, threads, depths)
+        elif gguf:  # the same file Parley loaded, not the script's re-quantized copies of the embedded model
             peers = llama_bench_figures(llama_bench_path(args.llama_cpp, args.llama_bench), gguf, threads,
                                         args.prefill_tokens, args.new_tokens, depths, args.repeats)
         elif args.llama_cpp and args.model is None:
@@ -395,7 +434,9 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(results.get("llama_cpp"), dict):
         print(f"  llama.cpp: {results['llama_cpp']['error']}")
     elif results.get("llama_cpp") and "model_file" in results["llama_cpp"][0]:
-        print(f"  llama.cpp: llama-bench on the same file, {results['llama_cpp'][0]['model_file']}")
+        files = sorted({r["model_file"] for r in results["llama_cpp"]})
+        same = "the same checkpoint's" if args.random else "the same file,"
+        print(f"  llama.cpp: llama-bench on {same} {', '.join(files)}")
     for kv, m in results.get("memory_at", {}).get("by_cache", {}).items():
         in_use = f"peak RSS after loading {m['peak_rss_in_use_mb']} MB, " if "peak_rss_in_use_mb" in m else ""
         figures = (f"{in_use}peak RSS {m['peak_rss_mb']} MB (loading included), cache {m['kv_cache_mb']} MB"
