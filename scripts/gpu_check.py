@@ -15,6 +15,13 @@ run stays within `--budget-s` (default 420 s; scripts/gpu_check.sh adds a hard t
   decode            a random-weight 7B INT4 stack: eager, torch.compile and CUDA graphs: tok/s, bytes per
                     token, % of the bandwidth limit, kernel launches per step
   batch_invariance  the model's logits for a 5-token verification pass against 5 one-token steps
+  load_8b           a random Llama-3.1-8B-shaped bf16 safetensors checkpoint (app/bench/random_weights.py,
+                    written into a temp dir) loaded onto the GPU: seconds, GB/s, peak GPU memory
+  quantize_8b       one 8B decoder layer quantized as a first run does (awq_layer with first_run_settings:
+                    clipping, GPTQ, refit, rotated down_proj) on 128 x 512 random activations, and round to
+                    nearest: seconds per layer and x32 (the model-wide rotation and distillation not included)
+  decode_8b         the 8B shape (GQA 32/8, vocab 128,256, untied head) as a random INT4 stack: eager and CUDA
+                    graphs tok/s against the HBM bound, peak GPU memory
 
 `--dry` runs the same code on CPU (Triton under TRITON_INTERPRET=1) at toy shapes, so a test can prove
 the script's Python works before a GPU ever sees it.
@@ -39,6 +46,7 @@ SHAPES_7B = [(4096, 4096), (4096, 11008), (11008, 4096), (4096, 14336), (14336, 
 SHAPES_DRY = [(256, 192), (128, 64)]
 ROWS = [1, 2, 5, 9, 16]
 LLAMA_7B = dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, intermediate_size=11008, vocab_size=32000)
+LLAMA_8B = dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, intermediate_size=14336, vocab_size=128256)
 TOY = dict(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=256, vocab_size=512)
 
 
@@ -310,16 +318,17 @@ def sdpa_backends(run: Run) -> dict:
 # --- decode of a random-weight 7B INT4 stack ----------------------------------------------------------
 
 
-def random_int4_model(run: Run):
+def random_int4_model(run: Run, shape: dict | None = None):
     """A llama-shaped Transformer with random INT4 decoder weights (group 128), the online rotation before
-    down_proj that Parley's own quantization ships (models/quantize/hadamard.py), and a bf16 head."""
+    down_proj that Parley's own quantization ships (models/quantize/hadamard.py), and a bf16 head. A bf16
+    model is built first (16 GB at 8B: the GPU holds it; `load_8b` measures the streamed load)."""
     from parley.models.config import ModelConfig
     from parley.models.device_prep import prepare_for_device
     from parley.models.quantize import hadamard
     from parley.models.quantize.int4_linear import Int4Linear, decoder_linears
     from parley.models.transformer import Transformer
 
-    shape = TOY if run.dry else LLAMA_7B
+    shape = TOY if run.dry else (shape or LLAMA_7B)
     dtype = torch.float32 if run.dry else torch.bfloat16
     config = ModelConfig(arch="llama", max_seq_len=1024, **shape)
     with torch.device(run.device):
@@ -366,10 +375,11 @@ def count_kernels(fn: Callable[[], object]) -> int | None:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def decode(run: Run) -> dict:
+def decode(run: Run, model=None, label: str = "random llama 7B shape, INT4 g128, bf16 head",
+           compiled: bool = True) -> dict:
     from parley.engine.cuda_graphs import GraphedStep
 
-    model = run.model()
+    model = model if model is not None else run.model()
     prompt_len, steps = (16, 4) if run.dry else (256, 64)
     window = 64 if run.dry else 512
     gen = torch.Generator().manual_seed(0)
@@ -377,7 +387,7 @@ def decode(run: Run) -> dict:
     cache = model.new_cache(window)
     step_fn = lambda tokens, positions, window: model(tokens, positions, cache, False, window)  # noqa: E731
     bytes_per_token = model_bytes_per_token(model, prompt_len + steps // 2)
-    result: dict = {"model": "random llama 7B shape, INT4 g128, bf16 head" if not run.dry else "toy",
+    result: dict = {"model": label if not run.dry else "toy",
                     "prompt_tokens": prompt_len, "decode_tokens": steps, "bytes_per_token": bytes_per_token}
 
     def generate(step: Callable) -> tuple[float, list[int]]:
@@ -398,7 +408,8 @@ def decode(run: Run) -> dict:
     variants: dict[str, Callable] = {"eager": step_fn}
     if not run.dry:  # graphs before compile: torch.compile of 32 layers is the slow part of the run
         variants["cuda_graphs"] = GraphedStep(step_fn, run.device, capacity=window)
-        variants["compiled"] = torch.compile(step_fn, dynamic=False)
+        if compiled:
+            variants["compiled"] = torch.compile(step_fn, dynamic=False)
     tokens_by_variant = {}
     for name, step in variants.items():
         if run.left() < (150 if name == "compiled" else 30) and name != "eager":
@@ -451,10 +462,128 @@ def batch_invariance(run: Run) -> dict:
     return result
 
 
+# --- the Llama-3.1-8B shape ----------------------------------------------------------------------------
+
+
+def peak_gpu_gb(run: Run) -> float | None:
+    return None if run.dry else round(torch.cuda.max_memory_allocated() / 2**30, 2)
+
+
+def reset_peak(run: Run) -> None:
+    if not run.dry:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def load_8b(run: Run) -> dict:
+    """The random 8B checkpoint as people's models come (bf16 safetensors shards), written into a temp dir
+    (GPU_CHECK_TMP, default the system's), then loaded onto the GPU by the loader every model goes through."""
+    import tempfile
+
+    from parley.app.bench import random_weights as rw
+    from parley.models.loading import load_model
+    from parley.models.resolve import ModelFiles
+
+    shape = "small" if run.dry else "llama-3.1-8b"
+    saved = os.environ.get("PARLEY_CACHE_DIR")
+    with tempfile.TemporaryDirectory(dir=os.environ.get("GPU_CHECK_TMP")) as tmp:
+        os.environ["PARLEY_CACHE_DIR"] = tmp
+        try:
+            start = time.monotonic()
+            src = rw.checkpoint(shape)
+            write_s = time.monotonic() - start
+            nbytes = sum(f.stat().st_size for f in src.glob("*.safetensors"))
+            reset_peak(run)
+            start = time.monotonic()
+            model = load_model(ModelFiles(ref=shape, kind="dir", path=src), dtype=torch.bfloat16, device=run.device)
+            run.sync()
+            load_s = time.monotonic() - start
+            held = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+            del model
+        finally:
+            if saved is None:
+                os.environ.pop("PARLEY_CACHE_DIR", None)
+            else:
+                os.environ["PARLEY_CACHE_DIR"] = saved
+    return {"shape": shape, "checkpoint_gb": round(nbytes / 1e9, 2), "write_s": round(write_s, 1),
+            "load_s": round(load_s, 2), "load_gbps": round(nbytes / load_s / 1e9, 2),
+            "held_gb": round(held / 1e9, 2), "peak_gpu_gib": peak_gpu_gb(run)}
+
+
+def quantize_8b(run: Run) -> dict:
+    """One decoder layer of the 8B shape quantized as a first run does on this device, and rounded to nearest:
+    the per-layer cost the full model's time is estimated from (x32; the model-wide rotation, the teacher's
+    answers and the distillation come on top)."""
+    from parley.models.config import ModelConfig
+    from parley.models.quantize import hadamard
+    from parley.models.quantize.awq import LayerRunner, awq_layer
+    from parley.models.quantize.cache import default_calibration_size, first_run_settings
+    from parley.models.quantize.int4_linear import decoder_linears
+    from parley.models.quantize.pack import quantize_weight
+    from parley.models.transformer import Transformer
+
+    shape = {**(TOY if run.dry else LLAMA_8B), "n_layers": 1}
+    n_layers = (TOY if run.dry else LLAMA_8B)["n_layers"]
+    config = ModelConfig(arch="llama", max_seq_len=1024, **shape)
+    dtype = torch.float32 if run.dry else torch.float16  # the quantizer's dtype on CUDA
+    samples, tokens = (4, 32) if run.dry else default_calibration_size(run.device)
+    with torch.device(run.device):
+        model = Transformer(config).to(dtype).eval()
+    settings = first_run_settings(128, run.device)
+    gen = torch.Generator(device=run.device).manual_seed(9)
+    x = torch.randn(samples, tokens, config.dim, device=run.device, generator=gen).to(dtype)
+    inter = config.intermediate_size
+    block = hadamard.block_size(inter, settings.hadamard_down)
+    rotation = (hadamard.rotation_diag(inter, block).to(run.device), block) if block > 1 else None
+    layer = model.layers[0]
+    weights = [lin.weight.detach().clone() for _, _, lin in decoder_linears(model)]
+    reset_peak(run)
+    run.sync()
+    start = time.monotonic()
+    for w in weights:
+        quantize_weight(w, 128)
+    run.sync()
+    rtn_s = time.monotonic() - start
+    start = time.monotonic()
+    awq_layer(layer, x, LayerRunner(model, tokens, run.device, dtype, settings.chunk), settings, 128,
+              down_rotation=rotation)
+    run.sync()
+    full_s = time.monotonic() - start
+    return {"calibration": [samples, tokens], "rtn_s_per_layer": round(rtn_s, 3),
+            "first_run_s_per_layer": round(full_s, 2), "first_run_layers_s_estimate": round(full_s * n_layers, 1),
+            "layers": n_layers, "peak_gpu_gib": peak_gpu_gb(run),
+            "note": "per layer, without the model-wide rotation, teacher answers and distillation"}
+
+
+def decode_8b(run: Run) -> dict:
+    """Decode of the 8B shape as a random INT4 stack (eager and CUDA graphs), its peak GPU memory."""
+    run._model = None  # the 7B stack's memory back first
+    reset_peak(run)
+    model = random_int4_model(run, LLAMA_8B)
+    built = peak_gpu_gb(run)
+    reset_peak(run)
+    result = decode(run, model, "random llama 3.1 8B shape (GQA 32/8, untied), INT4 g128, bf16 head",
+                    compiled=False)
+    result.update(peak_gpu_gib_building=built, peak_gpu_gib_decoding=peak_gpu_gb(run))
+    del model
+    return result
+
+
+SECTIONS: dict[str, tuple[float, Callable[[Run], dict]]] = {  # name: (seconds it needs to start, function)
+    "environment": (0, environment), "int4_correctness": (30, int4_correctness),
+    "split_k_stress": (20, split_k_stress), "int4_speed": (30, int4_speed), "attention": (20, attention),
+    "sdpa_backends": (20, sdpa_backends), "decode": (90, decode), "batch_invariance": (30, batch_invariance),
+    "load_8b": (90, load_8b), "quantize_8b": (40, quantize_8b), "decode_8b": (60, decode_8b),
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry", action="store_true", help="CPU, toy shapes, Triton interpreted (for tests)")
     parser.add_argument("--budget-s", type=float, default=420.0, help="stop starting sections after this")
+    parser.add_argument("--only", default=None, metavar="NAMES",
+                        help="comma-separated sections to run (environment always runs), e.g. "
+                             "load_8b,quantize_8b,decode_8b for the 8B shape alone")
     args = parser.parse_args()
     if args.dry and os.environ.get("TRITON_INTERPRET") != "1":
         print("--dry needs TRITON_INTERPRET=1 in the environment (set before Triton is imported)", file=sys.stderr)
@@ -465,14 +594,15 @@ def main() -> int:
     run = Run(args.dry, args.budget_s)
     torch.manual_seed(0)
     report: dict = {}
-    section(report, "environment", run, 0, environment)
-    section(report, "int4_correctness", run, 30, int4_correctness)
-    section(report, "split_k_stress", run, 20, split_k_stress)
-    section(report, "int4_speed", run, 30, int4_speed)
-    section(report, "attention", run, 20, attention)
-    section(report, "sdpa_backends", run, 20, sdpa_backends)
-    section(report, "decode", run, 90, decode)
-    section(report, "batch_invariance", run, 30, batch_invariance)
+    wanted = set(SECTIONS) if args.only is None else {"environment", *args.only.split(",")}
+    unknown = wanted - set(SECTIONS)
+    if unknown:
+        print(f"--only: no section {', '.join(sorted(unknown))}; the sections are {', '.join(SECTIONS)}",
+              file=sys.stderr)
+        return 2
+    for name, (need_s, fn) in SECTIONS.items():
+        if name in wanted:
+            section(report, name, run, need_s, fn)
     report["ok"] = all(report.get(s, {}).get("ok", True) and "error" not in report.get(s, {}) for s in report
                        if isinstance(report.get(s), dict))
     print(json.dumps(report))

@@ -4,6 +4,9 @@
 # Prints one JSON object on stdout (progress on stderr) and keeps a copy in $OUT (default: a temp dir).
 #   scripts/gpu_check.sh            the full check (see scripts/gpu_check.py for the sections)
 #   scripts/gpu_check.sh --dry      the same Python on CPU at toy shapes, Triton interpreted
+#   scripts/gpu_check.sh --only load_8b,quantize_8b,decode_8b
+#                                   the Llama-3.1-8B shape alone (~4 minutes: a full run reaches it only
+#                                   with time left; its temp checkpoint needs 16 GB of disk, GPU_CHECK_TMP)
 # PYTHON picks the interpreter (default: .venv/bin/python if present, else python3).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)

@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SECTIONS = ["environment", "int4_correctness", "split_k_stress", "int4_speed", "attention", "sdpa_backends", "decode",
-            "batch_invariance"]
+            "batch_invariance", "load_8b", "quantize_8b", "decode_8b"]
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
@@ -57,3 +57,14 @@ def test_decode_reports_its_figures(report: dict) -> None:
     assert decode["bytes_per_token"] > 0
     assert decode["eager"]["tok_s"] > 0
     assert set(report["batch_invariance"]) >= {"bitwise_equal", "max_abs_logit_diff", "argmax_equal"}
+
+
+def test_the_8b_sections_report_their_figures(report: dict) -> None:
+    load = report["load_8b"]
+    assert load["checkpoint_gb"] > 0 and load["load_s"] > 0 and load["held_gb"] > 0
+    quantize = report["quantize_8b"]
+    assert quantize["first_run_s_per_layer"] > 0 and quantize["rtn_s_per_layer"] > 0
+    assert quantize["first_run_layers_s_estimate"] >= quantize["first_run_s_per_layer"]
+    decode = report["decode_8b"]
+    assert decode["eager"]["tok_s"] > 0 and decode["bytes_per_token"] > 0
+    assert "peak_gpu_gib_decoding" in decode
