@@ -106,15 +106,27 @@ def _write_folder(out: Path, config_json: dict, shards: Iterator[tuple[str, dict
         weight_map.update(dict.fromkeys(tensors, file))
     (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     (tmp / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
+    _tokenizer(tmp)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out
+
+
+def _tokenizer(folder: Path) -> None:
+    """The embedded model's tokenizer files (49,152 ids: they fit every shape's vocabulary), so the folder runs
+    as any model does: `parley generate --model FOLDER`."""
+    from ...models.quantize.cache import tokenizer_files
+    from ...models.resolve import resolve
+
+    if not (folder / "tokenizer.json").is_file():
+        tokenizer_files(resolve(None), folder)
 
 
 def checkpoint(shape: str, log: Callable[[str], None] = lambda s: None) -> Path:
     """The bf16 safetensors checkpoint of `shape` (written on first use, one layer in memory at a time)."""
     out = root(shape) / "bf16"
     if (out / "config.json").is_file():
+        _tokenizer(out)
         return out
     config = shape_config(shape)
     log(f"writing random bf16 weights of {shape} to {out}")
@@ -144,6 +156,7 @@ def int4_folder(shape: str, group: int = 128, log: Callable[[str], None] = lambd
     group = group if config.dim % group == 0 and config.intermediate_size % group == 0 else 64
     out = root(shape) / f"int4-g{group}"
     if (out / "config.json").is_file():
+        _tokenizer(out)
         return out
     log(f"rounding {shape} to INT4 (groups of {group}) into {out}")
 
