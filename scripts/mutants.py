@@ -349,6 +349,15 @@ MUTANTS: list[Mutant] = [
     Mutant("native-group32-one-group-per-chunk", "kernels/cpu_step.cpp",
            "(ci * 64 + k * 32) / G) * 16 + c;", "(ci * 64) / G) * 16 + c;",
            ("tests/test_native_linear_reads_gguf_groups.py",)),
+    Mutant("random-gguf-qk-not-permuted", "app/bench/random_weights.py",
+           "t = permute_rotary(t, config.n_kv_heads)", "t = t",
+           ("tests/test_random_checkpoint_formats.py",)),
+    Mutant("quant-none-fp32-whatever-it-needs", "models/weights_dtype.py",
+           "if available is None or need + HEADROOM <= available:", "if True:",
+           ("tests/test_quant_none_weights_fit.py",)),
+    Mutant("quant-none-dtype-unused", "engine/engine.py",
+           "dtype = weights_dtype(config, dev, str(files.path))", "weights_dtype(config, dev, str(files.path))",
+           ("tests/test_quant_none_weights_fit.py",)),
 ]
 
 
