@@ -268,8 +268,13 @@ class NativeStep:
                               m16=self._keep(packed["m16"]) if with_mins else None)
         if all(isinstance(m, nn.Linear) for m in mods):
             ws = [m.weight.detach().float() for m in mods]
-            w = _interleave16(ws[0], ws[1], 0) if interleave else torch.cat(ws, dim=0)
+            w = _interleave16(ws[0], ws[1], 0) if interleave else torch.cat(ws, dim=0) if len(ws) > 1 else ws[0]
             w = self._keep(w.contiguous())
+            if not interleave and len(mods) > 1:  # the modules read the fused copy: fp32 weights held once
+                rows = 0
+                for m in mods:
+                    m.weight = nn.Parameter(w[rows:rows + m.out_features], requires_grad=m.weight.requires_grad)
+                    rows += m.out_features
             bias = None
             if mods[0].bias is not None:
                 bs = [m.bias.detach().float() for m in mods]
