@@ -358,6 +358,15 @@ MUTANTS: list[Mutant] = [
     Mutant("quant-none-dtype-unused", "engine/engine.py",
            "dtype = weights_dtype(config, dev, str(files.path))", "weights_dtype(config, dev, str(files.path))",
            ("tests/test_quant_none_weights_fit.py",)),
+    # -- issue 37: every route to the same weights finds the same INT4 folder --
+    Mutant("quant-key-holds-the-name", "models/quantize/cache.py",
+           'ident: dict[str, Any] = {"kind": files.kind}',
+           'ident: dict[str, Any] = {"kind": files.kind, "ref": files.ref}',
+           ("tests/test_quant_cache_same_weights_same_folder.py",)),
+    Mutant("quant-key-path-unresolved", "models/quantize/cache.py",
+           "ident.update(path=str(Path(files.path).resolve()),\n",
+           "ident.update(path=str(files.path),\n",
+           ("tests/test_quant_cache_same_weights_same_folder.py",)),
 ]
 
 

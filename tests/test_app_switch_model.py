@@ -87,3 +87,21 @@ async def test_the_palette_finds_model_and_speculation(tmp_path, query, screen):
             await on_screen(app, screen)
         else:
             await wait_until(lambda: app.focused is app.panel.query_one("#speculation"))
+
+
+async def test_focus_starts_where_a_typed_path_goes(tmp_path):
+    asked = []
+    app, _ = make_app(tmp_path, FakeEngine(model_name="smol"),
+                      load_model=lambda ref, progress: asked.append(ref) or FakeEngine(model_name="other"))
+    app.settings.set("recent_models", ["org/used-lately"])
+    async with app.run_test(size=(120, 30)) as pilot:
+        await ready(app, pilot)
+        await pilot.press("f5")
+        await on_screen(app, ModelPickerScreen)
+        await pilot.press(*"/m.gguf", "enter")
+        await wait_until(lambda: asked)
+        assert asked == ["/m.gguf"]
+        await pilot.press("f5")  # Down leaves the box for the list
+        await on_screen(app, ModelPickerScreen)
+        await pilot.press("down")
+        assert app.focused is app.screen.query_one("#model-list")

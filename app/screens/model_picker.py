@@ -46,7 +46,8 @@ def remember(recent: object, ref: str) -> list[str]:
 class ModelPickerScreen(ModalScreen[str | None]):
     """Pick a model from the list or type one; dismisses with its reference, or None."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("down", "to_list", "The list", show=False)]
+    AUTO_FOCUS = "#model-ref"  # a typed path goes where it is typed; Down reaches the list
 
     def __init__(self, current: str, recent: list[str], cached: list[str]) -> None:
         super().__init__()
@@ -74,6 +75,10 @@ class ModelPickerScreen(ModalScreen[str | None]):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value.strip() or None)
+
+    def action_to_list(self) -> None:
+        if self.focused is self.query_one("#model-ref") and self.query("#model-list"):
+            self.query_one("#model-list").focus()
 
     def action_cancel(self) -> None:
         self.dismiss(None)

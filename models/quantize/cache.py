@@ -46,6 +46,7 @@ CACHE_ENV = "PARLEY_CACHE_DIR"
 # Bump when the algorithm or the folder format changes: older folders stop matching.
 # 3: the rotary frequencies of a GGUF's `rope_freqs` are stored in the folder.
 # 4: o_proj quantized under grouped-query attention too. 5: the method is part of the key (see first_run_method).
+# The key stopped holding the source's `ref` (how it was named) after format 5: such a folder is rebuilt once.
 FORMAT_VERSION = 5
 MANIFEST = "manifest.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
@@ -130,16 +131,19 @@ def file_sha256(path: Path) -> str:
 
 def source_identity(files: ModelFiles) -> dict[str, Any]:
     """What the quantized folder was made from: hub repo + commit, or a fingerprint of local files
-    (a GGUF's sha256; for a directory, its files' names, sizes and modification times)."""
-    ident: dict[str, Any] = {"ref": files.ref, "kind": files.kind}
+    (a GGUF's sha256; for a directory, its files' names, sizes and modification times). Never the name it
+    was asked for by (`ref`: "the embedded model", a path typed in the model picker): every route to the same
+    weights finds the same folder."""
+    ident: dict[str, Any] = {"kind": files.kind}
     if files.repo_id and files.revision:
         ident.update(repo_id=files.repo_id, revision=files.revision)
     elif files.kind == "gguf":
-        ident.update(path=str(files.path), sha256=file_sha256(Path(files.path)))
+        ident.update(path=str(Path(files.path).resolve()), sha256=file_sha256(Path(files.path)))
     else:
         entries = sorted(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}"
                          for p in Path(files.path).iterdir() if p.is_file())
-        ident.update(path=str(files.path), files_fingerprint=hashlib.sha256("\n".join(entries).encode()).hexdigest())
+        ident.update(path=str(Path(files.path).resolve()),
+                     files_fingerprint=hashlib.sha256("\n".join(entries).encode()).hexdigest())
     return ident
 
 
@@ -150,7 +154,7 @@ def _slug(text: str) -> str:
 def folder_for(key: dict[str, Any]) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     src = key["source"]
-    name = src.get("repo_id") or Path(src.get("path", src["ref"])).stem
+    name = src.get("repo_id") or Path(src.get("path", "model")).stem
     return cache_root() / f"{_slug(name)}-awq-g{key['settings']['group_size']}-{digest}"
 
 
@@ -286,6 +290,9 @@ def _write_error(e: OSError | SafetensorError) -> tuple[int | None, str]:
     return code, os.strerror(code) if code is not None else str(e)
 
 
+_BUILDING: list[str] = []  # the folders this process holds the build lock for (what another thread waits for)
+
+
 @contextmanager
 def _one_builder(folder: Path, progress: ProgressFn | None) -> Iterator[None]:
     """Hold the cache's build lock: two Parleys started at once on a first run quantize once, the second
@@ -301,10 +308,16 @@ def _one_builder(folder: Path, progress: ProgressFn | None) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            if progress:
-                progress(Progress("quantize", 0, 0, "layer", "another Parley is quantizing; waiting for it"))
+            if progress:  # the lock is per open file, so a build on another thread of ours holds it too
+                ours = next(iter(_BUILDING), None)
+                what = f"this Parley's INT4 build of {ours}" if ours else "another Parley's INT4 build"
+                progress(Progress("quantize", 0, 0, "layer", f"waiting for {what} to finish"))
             fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        _BUILDING.append(folder.name.rsplit("-awq-", 1)[0])
+        try:
+            yield
+        finally:
+            _BUILDING.remove(folder.name.rsplit("-awq-", 1)[0])
     finally:
         os.close(fd)  # releases the lock
 
