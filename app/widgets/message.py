@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from markdown_it import MarkdownIt
+from markdown_it.rules_core import StateCore
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -17,6 +19,21 @@ _FENCE = re.compile(r"^(`{3,}|~{3,})[^\n]*\n(.*?)^\1[ \t]*$", re.DOTALL | re.MUL
 def code_blocks(markdown: str) -> list[str]:
     """The contents of the fenced code blocks in a Markdown text, in order."""
     return [m.group(2).rstrip("\n") for m in _FENCE.finditer(markdown)]
+
+
+def _hard_breaks(state: StateCore) -> None:
+    for token in state.tokens:
+        for child in token.children or ():
+            if child.type == "softbreak":
+                child.type = "hardbreak"
+
+
+def chat_markdown() -> MarkdownIt:
+    """Textual's Markdown parser, with every single newline a line break: a model writes a poem or a plain
+    list one line per line, not as a paragraph to be reflowed (code blocks are untouched: not inline text)."""
+    parser = MarkdownIt("gfm-like")
+    parser.core.ruler.push("hard_breaks", _hard_breaks)
+    return parser
 
 
 def attachment_label(text: str, tokens: int | None, *, counting: bool = True, name: str | None = None) -> str:
@@ -59,7 +76,7 @@ class ChatMessage(Vertical, can_focus=True):
             label = attachment_label(self.attachment, self.attachment_tokens, counting=False,
                                      name=self.attachment_name)
             yield Label(label, classes="message--attachment", markup=False)
-        yield Markdown(self.content, classes="message--body")
+        yield Markdown(self.content, classes="message--body", parser_factory=chat_markdown)
         if self.role == "assistant":
             # The optional "colour drafted tokens" view, under a line saying why the reply looks raw: the
             # setting persists, and a user who forgot turning it on must see what it is and how to undo it.
