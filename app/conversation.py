@@ -6,6 +6,7 @@ change the same three things together (the view, the store, the session), so one
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from parley.app import paste_budget
 from parley.app.attachments import AttachmentController
 from parley.app.engine_lifecycle import EngineLifecycle, in_background, to_ui
 from parley.app.reply_controller import ReplyController, without_marks
-from parley.app.screens.dialogs import SystemPromptScreen
+from parley.app.screens.dialogs import DocumentWontFitScreen, SystemPromptScreen
 from parley.app.settings import Settings, apply_values, params_values
 from parley.app.store import Conversation, Store, compose_user_content
 from parley.app.widgets.message import ChatMessage, ChatView
@@ -26,6 +27,8 @@ from parley.app.widgets.prompt import PromptInput
 from parley.app.widgets.status_bar import StatusBar
 from parley.engine.params import GenerationParams
 from parley.engine.protocol import EngineLike, SessionLike
+
+MIN_REPLY_ROOM = 32  # a shorter reply that keeps a document is offered only if it leaves this much room
 
 
 def slug(title: str) -> str:
@@ -57,6 +60,7 @@ class ConversationController:
         self._session_engine: EngineLike | None = None  # a new engine reads the conversation afresh
         self.global_params = params_values(params)  # restored on a new chat
         self.queued = False  # a message sent while the model loads waits for it
+        self.checking = False  # measuring whether the documents still fit, before a reply starts
         self.screen: Screen
         self.chat: ChatView
         self.prompt: PromptInput
@@ -119,7 +123,7 @@ class ConversationController:
         if engine is None and self.queued:
             self.prompt.notify("One message already waits for the model", severity="warning")
             return
-        if self.replies.busy:
+        if self.replies.busy or self.checking:
             self.prompt.notify("A reply is streaming: Esc stops it", severity="warning")
             return
         if chip is not None and chip.tokens is None and engine is not None:
@@ -140,13 +144,67 @@ class ConversationController:
             return
         await self.start_reply()
 
-    async def start_reply(self) -> None:
+    async def start_reply(self, reply_tokens: int | None = None, checked: bool = False) -> None:
+        """Start the reply; first, off the UI thread, check that no document would be left out (if one
+        would, the user chooses: a shorter reply that keeps it, without it, or edit the question)."""
         engine = self.engines.engine
         assert engine is not None and self.conversation is not None
         documents = {i: m.attachment_name or "you pasted" for i, m in enumerate(self.chat.messages)
-                     if m.attachment is not None}
+                     if m.attachment is not None and not m.left_out}
+        messages, params = self.engine_messages(), self.params
+        if documents and not checked:
+            self.checking = True
+            system, ui = self.system_prompt, self.ui
+
+            def count() -> None:
+                counts = [engine.count_tokens(m["content"]) for m in messages]
+                to_ui(ui, self._fits, engine, counts, [m["role"] for m in messages], documents,
+                      engine.count_tokens(system) if system else 0)
+
+            in_background(count, "parley-fit")
+            return
+        if reply_tokens is not None:  # this reply only: the slider keeps the user's value
+            params = copy.copy(params)
+            params.max_new_tokens = reply_tokens
+        self.status.context_documents = sum(m.attachment_tokens or 0 for m in self.chat.messages
+                                            if m.attachment is not None and not m.left_out)
+        self.status.reply_room = min(params.max_new_tokens, engine.context_window // 4)
         await self.replies.start(engine, self._ensure_session(engine), self.conversation.id,
-                                 self.engine_messages(), self.params, documents)
+                                 messages, params, documents)
+
+    async def _fits(self, engine: EngineLike, counts: list[int], roles: list[str], documents: dict[int, str],
+                    system_tokens: int) -> None:
+        """On the UI thread, after counting on a worker: start, or ask first if a document would be dropped."""
+        window = engine.context_window
+        dropped = paste_budget.left_out(counts, roles, set(documents), window, self.params.max_new_tokens,
+                                        system_tokens)
+        lost = [i for i in dropped if i in documents]
+        if not lost or engine is not self.engines.engine:
+            self.checking = False
+            if engine is self.engines.engine:
+                await self.start_reply(checked=True)
+            return
+        room = paste_budget.reply_room(counts, roles, set(documents), window, system_tokens)
+        names = ", ".join(documents[i] for i in lost)
+        reserve = min(self.params.max_new_tokens, window // 4)
+        message = (f"The document {names} ({sum(counts[i] for i in lost):,} tokens), this chat and the "
+                   f"{reserve:,} tokens kept for the reply do not fit the model's {window:,}-token window.\n\n"
+                   + (f"Keep it: the reply may then be up to {room:,} tokens long (this reply only). "
+                      if room >= MIN_REPLY_ROOM else "Even a short reply would not fit beside it. ")
+                   + "Or send without it: the model no longer sees it (it stays on screen).")
+
+        async def decided(choice: str | None) -> None:
+            self.checking = False
+            if choice == "shorten":
+                await self.start_reply(reply_tokens=room, checked=True)
+            elif choice == "leave":
+                for i in lost:
+                    self.chat.messages[i].mark_left_out()
+                await self.start_reply(checked=True)
+            else:
+                await self.edit_last()
+
+        self.ui.push_screen(DocumentWontFitScreen(message, room if room >= MIN_REPLY_ROOM else None), decided)
 
     async def regenerate(self) -> None:
         if self.replies.busy or self.engines.engine is None:

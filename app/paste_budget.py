@@ -106,6 +106,14 @@ def left_out(counts: list[int], roles: list[str], documents: set[int], window: i
     return sorted(dropped)
 
 
+def reply_room(counts: list[int], roles: list[str], documents: set[int], window: int, system_tokens: int = 0) -> int:
+    """The tokens left for the reply once every earlier plain exchange is left out and the documents and the
+    last exchange stay: how short a reply would have to be for no document to be dropped (<= 0: none fits)."""
+    groups = exchanges(roles)
+    kept = [i for g in groups[:-1] if documents.intersection(g) for i in g] + (groups[-1] if groups else [])
+    return window - sum(counts[i] for i in kept) - TEMPLATE_TOKENS_PER_MESSAGE * (len(kept) + 2) - system_tokens
+
+
 def left_out_words(dropped: list[int], roles: list[str], documents: dict[int, str], window: int,
                    system: bool) -> str:
     """What the model no longer sees, in chat words."""

@@ -83,3 +83,34 @@ class OpenFileScreen(ModalScreen[str | None]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+class DocumentWontFitScreen(ModalScreen[str | None]):
+    """The next reply would leave out a document: say so before sending, and let the user choose. Dismisses
+    with "shorten" (a shorter reply that keeps it), "leave" (send without it) or None (edit the question)."""
+
+    BINDINGS = [Binding("escape", "choose(None)", "Edit the question"), Binding("s", "choose('shorten')", "Shorten"),
+                Binding("l", "choose('leave')", "Leave it out")]
+
+    def __init__(self, message: str, room: int | None) -> None:
+        super().__init__()
+        self.message = message
+        self.room = room  # the reply length that keeps the documents; None when none does
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="wont-fit-box", classes="dialog"):
+            yield Label("The document no longer fits with this question", classes="dialog--title")
+            yield Static(self.message, id="wont-fit-message", markup=False)
+            with Horizontal(classes="dialog--buttons"):
+                if self.room is not None:
+                    yield Button(f"Keep it: a reply of up to {self.room:,} tokens (S)", variant="primary",
+                                 id="shorten")
+                yield Button("Send without it (L)", variant="warning", id="leave")
+                yield Button("Edit the question (Esc)", id="cancel")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(None if event.button.id == "cancel" else event.button.id)
+
+    def action_choose(self, choice: str | None) -> None:
+        if choice != "shorten" or self.room is not None:
+            self.dismiss(choice)

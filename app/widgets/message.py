@@ -66,6 +66,7 @@ class ChatMessage(Vertical, can_focus=True):
         self.attachment_tokens = attachment_tokens
         self.attachment_name = attachment_name  # the file's name, when it was opened rather than pasted
         self.db_id: int | None = None
+        self.left_out = False  # its document is no longer sent to the model (the user chose so)
         self.drafted: list[tuple[int, int]] = []  # (start, end) of characters from accepted draft tokens
         self._stream: MarkdownStream | None = None
         self._code_index = 0
@@ -82,6 +83,14 @@ class ChatMessage(Vertical, can_focus=True):
             # setting persists, and a user who forgot turning it on must see what it is and how to undo it.
             yield Static(DRAFTS_NOTE, classes="message--drafts-note", markup=False)
             yield Static(classes="message--drafts")
+
+    def mark_left_out(self) -> None:
+        """The document stays on screen and in the history, but its label says the model no longer sees it."""
+        self.left_out = True
+        for label in self.query(".message--attachment").results(Label):
+            label.update(attachment_label(self.attachment or "", self.attachment_tokens, counting=False,
+                                          name=self.attachment_name) + " · left out: the model no longer sees it")
+            label.add_class("-left-out")
 
     def drafts_text(self) -> Text:
         """The reply as plain text, with the characters that came from accepted drafts highlighted."""

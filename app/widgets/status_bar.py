@@ -43,6 +43,30 @@ def speculation_words(stats: Stats) -> str:
             f"{stats.tokens_per_target_pass:.1f} tokens per step")
 
 
+def context_meter(window: int, used: int, documents: int, reply: int, cells: int = 8) -> Text:
+    """'ctx ▰▰▰▰▰▰▱▱ 76%': how full the window is, documents, then the chat, then the room kept for the reply
+    (red when they do not all fit)."""
+    meter = Text("ctx ")
+    used, documents = min(used, window), min(documents, used)
+    spans = [(documents, "magenta"), (used - documents, "cyan"), (min(reply, window - used), "yellow")]
+    drawn = 0
+    for tokens, style in spans:
+        n = min(cells - drawn, round(tokens * cells / window))
+        meter.append("▰" * n, style)
+        drawn += n
+    meter.append("▱" * (cells - drawn), "dim")
+    meter.append(f" {used / window:.0%}", "bold red" if used + reply > window else "")
+    return meter
+
+
+def context_words(window: int, used: int, documents: int, reply: int) -> str:
+    """The meter in full: 'context: 7,711 of 8,192 tokens · documents 7,639 · chat 72 · 512 kept for the reply'."""
+    used, documents = min(used, window), min(documents, used)
+    free = window - used - reply
+    return (f"context: {used:,} of {window:,} tokens · documents {documents:,} · chat {used - documents:,} · "
+            f"{reply:,} kept for the reply · " + (f"{free:,} free" if free >= 0 else f"{-free:,} over"))
+
+
 def duration_words(seconds: float) -> str:
     seconds = max(0, round(seconds))
     return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
@@ -57,6 +81,8 @@ class StatusBar(Widget):
     context_window: reactive[int] = reactive(0)
     # Tokens in the context: the engine's cached tokens after the last reply (or counted after a resume).
     context_used: reactive[int] = reactive(0)
+    context_documents: reactive[int] = reactive(0)  # of which the documents the model still sees
+    reply_room: reactive[int] = reactive(0)  # kept back for the reply
     generating: reactive[bool] = reactive(False)
     # While a reply streams and before its Stats arrive: (tokens, tokens/s, ttft) measured by the UI.
     live: reactive[tuple[int, float, float | None] | None] = reactive(None)
@@ -120,5 +146,27 @@ class StatusBar(Widget):
         for i, part in enumerate(self.figures(compact)):
             if i:
                 left.append(" │ ", "dim")
-            left.append(part, "bold" if i == 0 and (self.stats or self.live or self.prefill) else "")
+            if part.startswith("ctx "):  # the numbers are in the details (F7, or the tooltip)
+                left.append_text(context_meter(*self.context_figures()))
+            else:
+                left.append(part, "bold" if i == 0 and (self.stats or self.live or self.prefill) else "")
         return left
+
+    def context_figures(self) -> tuple[int, int, int, int]:
+        """(window, tokens used, of which documents, kept for the reply)."""
+        s = self.stats
+        window = self.context_window or (s.context_window if s and s.context_window else 0)
+        return window, min(self.context_used, window), self.context_documents, self.reply_room
+
+    def watch_context_used(self) -> None:
+        self._show_context_tooltip()
+
+    def watch_context_documents(self) -> None:
+        self._show_context_tooltip()
+
+    def watch_reply_room(self) -> None:
+        self._show_context_tooltip()
+
+    def _show_context_tooltip(self) -> None:
+        window = self.context_figures()[0]
+        self.tooltip = context_words(*self.context_figures()) if window else None
