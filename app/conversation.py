@@ -246,8 +246,8 @@ class ConversationController:
         await self.chat.remove_children()
         self.conversation = None
         self.session = None
-        self.queued = False
-        self.status.context_used = 0
+        self.queued = self.checking = False
+        self.status.context_used = self.status.context_documents = 0
         self.system_prompt_draft = str(self.settings.get("system_prompt", "") or "")
         self.status.stats = None
         self._title("")
