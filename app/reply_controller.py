@@ -119,8 +119,9 @@ class ReplyController:
             status.notify(text, severity="warning", markup=False)
         if batch.stats is not None:
             note = getattr(batch.stats, "speculation_note", "")  # e.g. auto turned a slow drafter off
-            if note and note not in reply.notes:
-                reply.notes.add(note)
+            # Once a reply: auto may pause, resume and pause again, each note with its own figures.
+            if note and "speculation" not in reply.notes:
+                reply.notes.add("speculation")
                 status.notify(note, title="Speculation", severity="warning", timeout=10, markup=False)
             reply.has_stats = True
             status.live = None

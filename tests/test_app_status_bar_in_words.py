@@ -36,7 +36,8 @@ async def test_int4_progress_and_the_model_stay_whole_at_100_columns(tmp_path):
         await send(app, pilot, "hi")
         await wait_until(lambda: engine.calls and not app.generating and app.status.stats is not None)
         line = str(app.status.render())
-        assert "making INT4: layer 12 of 30" in line
+        assert "INT4 12/30" in line  # in short, beside the figures; in full in the details (Ctrl+F)
+        assert "making INT4: layer 12 of 30" in app.status.details()
         assert line.endswith("SmolLM2-135M-Instruct · full precision")
         assert "none" not in line
 

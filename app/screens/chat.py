@@ -53,6 +53,8 @@ class ChatScreen(Screen[None]):
         Binding("f8", "reset_params", "Defaults", show=False, tooltip="Reset sampling settings to defaults"),
         Binding("f5", "pick_model", "Model", show=False,
                 tooltip="Switch model: a cached or recent one, or a hub id or path (the chat carries over)"),
+        Binding("ctrl+f", "details", "Figures", show=False,
+                tooltip="The status bar in full: every figure, what fills the context, background work"),
         Binding("f12", "speculation", "Speculation", show=False,
                 tooltip="Speculation: how replies are sped up, explained (sampling panel)"),
     ]
@@ -104,7 +106,7 @@ class ChatScreen(Screen[None]):
             return True
         # Loading: the settings and history while the chat screen shows (help and quitting are the app's).
         return self.engines.loading is None and action in (
-            "toggle_params", "reset_params", "toggle_drafts", "history", "speculation")
+            "toggle_params", "reset_params", "toggle_drafts", "history", "speculation", "details")
 
     def on_key(self, event: events.Key) -> None:
         """Esc that no widget used (the focus is on a message, say) goes back to the prompt."""
@@ -162,6 +164,10 @@ class ChatScreen(Screen[None]):
 
     def action_pick_model(self) -> None:
         self.engines.pick_model()
+
+    def action_details(self) -> None:
+        status = self.query_one(StatusBar)
+        status.expanded = not status.expanded
 
     def action_toggle_drafts(self) -> None:
         on = self.query_one(ChatView).toggle_drafts()

@@ -8,7 +8,8 @@ give way first.
 
 from __future__ import annotations
 
-from rich.cells import cell_len
+import re
+
 from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
@@ -16,6 +17,9 @@ from textual.widget import Widget
 from parley.engine.events import Stats
 
 QUANTIZATION_WORDS = {"awq-int4": "INT4 (AWQ)", "none": "full precision", "remote": "on a server", "": ""}
+
+
+SHORT_QUANTIZATION = {"awq-int4": "INT4", "none": "fp", "remote": "server"}
 
 
 def quantization_words(quantization: str) -> str:
@@ -67,6 +71,16 @@ def context_words(window: int, used: int, documents: int, reply: int) -> str:
             f"{reply:,} kept for the reply · " + (f"{free:,} free" if free >= 0 else f"{-free:,} over"))
 
 
+def short_background(text: str) -> str:
+    """'INT4 12/30' for 'making INT4: layer 12 of 30': what is going on, in a few columns."""
+    head, _, rest = text.partition(":")
+    count = re.search(r"(\d+) of (\d+)", rest)
+    head = head.rstrip("…").removeprefix("making ")
+    if len(head) > 24:
+        head = head[:23] + "…"
+    return f"{head} {count.group(1)}/{count.group(2)}" if count else head
+
+
 def duration_words(seconds: float) -> str:
     seconds = max(0, round(seconds))
     return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
@@ -90,16 +104,23 @@ class StatusBar(Widget):
     prefill: reactive[tuple[int, int, float | None] | None] = reactive(None)
     # Work going on behind the chat, e.g. "INT4 in the background: layer 12 of 30".
     background: reactive[str] = reactive("")
+    expanded: reactive[bool] = reactive(False, layout=True)  # Ctrl+F: the details in full, under the line
+
+    _details_shown = ""
 
     def figures(self, compact: int = 0) -> list[str]:
         """The figures, most important first; `compact` 1 shortens the speculation figure, 2 also leaves out
-        the time to the first token (for narrow terminals)."""
+        the time to the first token, 3 keeps only the rate and short forms (for narrow terminals)."""
         s = self.stats
         parts = []
         if self.prefill is not None:
             done, total, left = self.prefill
             eta = f" · about {duration_words(left)} left" if left is not None else ""
-            parts.append(f"reading the prompt {done / max(total, 1):.0%}{eta} (Esc cancels)")
+            if compact < 3:
+                parts.append(f"reading the prompt {done / max(total, 1):.0%}{eta} (Esc cancels)")
+            else:
+                parts.append(f"reading {done / max(total, 1):.0%}" + (f" · {duration_words(left)} left"
+                                                                         if left is not None else ""))
         elif self.live is not None:
             tokens, rate, ttft = self.live
             if ttft is None:
@@ -108,7 +129,8 @@ class StatusBar(Widget):
                 parts.append(f"~{rate:.1f} tok/s")
                 if compact < 2:
                     parts.append(f"ttft {ttft:.2f}s")
-                parts.append(f"{tokens} tok")
+                if compact < 3:
+                    parts.append(f"{tokens} tok")
         elif s is not None:
             parts.append(f"{s.tokens_per_s:.1f} tok/s")
             if compact < 2:
@@ -118,26 +140,61 @@ class StatusBar(Widget):
         if window:
             parts.append(f"ctx {min(self.context_used, window):,}/{window:,}")
         if s is not None and s.proposed:
-            parts.append(speculation_words(s) if not compact else f"{s.acceptance_rate:.0%} of guesses kept")
+            if compact >= 3:
+                parts.append("spec paused" if getattr(s, "speculation_note", "") else f"spec {s.acceptance_rate:.0%}")
+            else:
+                parts.append(speculation_words(s) if not compact else f"{s.acceptance_rate:.0%} of guesses kept")
         return parts
 
     def render(self) -> Text:
+        """One line that fits the terminal, ever shorter forms before cutting (80 columns keep the rate, the
+        context meter, the speculation figure and the model); `expanded` (Ctrl+F) adds the details in full."""
+        width = self.content_size.width
+        for compact in range(7):  # the figures shorten first, then the background work, then the model
+            left, right = self._figures_text(min(compact, 3)), self._right_text(max(0, compact - 3))
+            if left.cell_len + 2 + right.cell_len <= width:
+                break
+        if compact == 6:  # still too wide: the figures keep their short form, the model name gives way
+            left.truncate(width, overflow="ellipsis")
+            right.truncate(max(0, width - left.cell_len - 2), overflow="ellipsis")
+        left.pad_right(max(0, width - left.cell_len - right.cell_len))
+        line = left + right
+        details = self.details()
+        if details != self._details_shown:  # the same in a tooltip, for the mouse
+            self._details_shown = self.tooltip = details
+        if self.expanded:
+            line.append("\n")
+            line.append(self.details(), "dim")
+        return line
+
+    def details(self) -> str:
+        """Everything the one line shortens, in full: the Ctrl+F panel and the status bar's tooltip."""
+        lines = []
+        figures = [p for p in self.figures(0) if not p.startswith("ctx ")]
+        if figures:
+            lines.append(" · ".join(figures))
+        if self.context_figures()[0]:
+            lines.append(context_words(*self.context_figures()))
+        if self.background:
+            lines.append(f"in the background: {self.background}")
+        lines.append(f"model: {model_words(self.model, self.quantization)}")
+        return "\n".join(lines)
+
+    def _right_text(self, short: int) -> Text:
+        """Background work and the model: `short` 1 shortens the background work, 2 the model's words,
+        3 leaves the model alone while a background job runs (its quantization is in the details)."""
         right = Text(no_wrap=True)
         if self.background:
-            right.append(self.background)
+            right.append(self.background if short < 1 else short_background(self.background))
             right.append(" │ ", "dim")
-        right.append(model_words(self.model, self.quantization), "italic")
-        width = self.content_size.width
-        if right.cell_len > width:  # background work gives way only once the figures have gone
-            right.truncate(width, overflow="ellipsis")
-        room = max(0, width - right.cell_len - 2)
-        for compact in range(3):  # shorter forms before cutting
-            left = self._figures_text(compact)
-            if left.cell_len <= room:
-                break
-        left.truncate(room, overflow="ellipsis")
-        left.pad_right(max(0, width - left.cell_len - cell_len(right.plain)))
-        return left + right
+        if short < 2:
+            right.append(model_words(self.model, self.quantization), "italic")
+        else:
+            quantization = SHORT_QUANTIZATION.get(self.quantization,
+                                                  quantization_words(self.quantization).split(" (")[0])
+            model = self.model.split(" (")[0]
+            right.append(model if short == 3 and self.background else model_words(model, quantization), "italic")
+        return right
 
     def _figures_text(self, compact: int) -> Text:
         left = Text(no_wrap=True, overflow="ellipsis")
@@ -146,8 +203,8 @@ class StatusBar(Widget):
         for i, part in enumerate(self.figures(compact)):
             if i:
                 left.append(" │ ", "dim")
-            if part.startswith("ctx "):  # the numbers are in the details (F7, or the tooltip)
-                left.append_text(context_meter(*self.context_figures()))
+            if part.startswith("ctx "):  # the numbers are in the details (Ctrl+F, or the tooltip)
+                left.append_text(context_meter(*self.context_figures(), cells=8 if compact < 3 else 5))
             else:
                 left.append(part, "bold" if i == 0 and (self.stats or self.live or self.prefill) else "")
         return left
@@ -158,15 +215,3 @@ class StatusBar(Widget):
         window = self.context_window or (s.context_window if s and s.context_window else 0)
         return window, min(self.context_used, window), self.context_documents, self.reply_room
 
-    def watch_context_used(self) -> None:
-        self._show_context_tooltip()
-
-    def watch_context_documents(self) -> None:
-        self._show_context_tooltip()
-
-    def watch_reply_room(self) -> None:
-        self._show_context_tooltip()
-
-    def _show_context_tooltip(self) -> None:
-        window = self.context_figures()[0]
-        self.tooltip = context_words(*self.context_figures()) if window else None
