@@ -9,8 +9,10 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import sys
 import threading
+import time
 from pathlib import Path
 
 # Subcommands implemented in their own modules (`add_arguments(parser)`, `run(args) -> int`).
@@ -101,18 +103,28 @@ def params_from_args(args: argparse.Namespace, base=None):
 
 
 def print_progress(p) -> None:
-    """First-run progress on stderr for headless commands: one line rewritten in place."""
-    global _progress_open
+    """First-run progress on stderr for headless commands. On a terminal, one line rewritten in place (cleared,
+    not padded: padding wraps a narrow terminal); anywhere else (a log, a pipe, `2>&1`), each step on a line of
+    its own, so no unended line runs into the answer or an error."""
+    global _progress_open, _progress_last
     if p.stage == "download" and p.total:
         msg = f"downloading {p.detail} {p.done / 1e6:.1f}/{p.total / 1e6:.1f} MB"
     else:
         msg = f"{p.stage}: {p.detail or f'{p.done:g}/{p.total:g} {p.unit}'}"
     done = bool(p.total and p.done >= p.total)
-    print(f"\r{msg[:100]:<100}", end="\n" if done else "", file=sys.stderr, flush=True)
-    _progress_open = not done
+    if sys.stderr.isatty():
+        print(f"\r\033[K{msg[:100]}", end="\n" if done else "", file=sys.stderr, flush=True)
+        _progress_open = not done
+        return
+    # A line per step, not per chunk or layer (those at most every 10 s): its figures aside, what it says.
+    step = (p.stage, re.sub(r"\d+", "#", p.detail), done, time.monotonic() // 10)
+    if step != _progress_last:
+        _progress_last = step
+        print(msg, file=sys.stderr, flush=True)
 
 
-_progress_open = False  # a progress line was printed without its newline
+_progress_open = False  # a progress line was printed on a terminal without its newline
+_progress_last: tuple = ()
 
 
 def end_progress() -> None:
