@@ -53,7 +53,8 @@ class ParleyApp(App[int]):
                  load_model: ModelLoader | None = None, model_ref: str | None = None, store: Store | None = None,
                  settings: Settings | None = None, params: GenerationParams | None = None,
                  system_prompt: str | None = None, export_dir: Path | None = None,
-                 batch_interval: float = 0.04, first_run: QuantizeInBackground | None = None) -> None:
+                 batch_interval: float = 0.04, first_run: QuantizeInBackground | None = None,
+                 chosen_params: frozenset[str] = frozenset()) -> None:
         super().__init__()
         self.store = store if store is not None else Store()
         self.settings = settings if settings is not None else Settings()
@@ -64,7 +65,8 @@ class ParleyApp(App[int]):
         self.attachments = AttachmentController(self.engines, self.params)
         self.conversations = ConversationController(
             self.store, self.settings, self.params, Path(export_dir) if export_dir is not None else Path.cwd(),
-            system_prompt, engines=self.engines, replies=self.replies, attachments=self.attachments)
+            system_prompt, engines=self.engines, replies=self.replies, attachments=self.attachments,
+            chosen_params=chosen_params)
         self.chat_screen = ChatScreen(self.params, self.store, self.settings, engines=self.engines,
                                       replies=self.replies, conversations=self.conversations,
                                       attachments=self.attachments)

@@ -76,11 +76,14 @@ SAMPLING_FLAGS = (
     ("draft_tokens", int, 8, "upper bound of the adaptive draft length"),
 )
 
+MODEL_RECOMMENDS = ("temperature", "top_p", "top_k", "min_p")  # models/sampling_defaults.py
+
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     for name, kind, default, text in SAMPLING_FLAGS:
+        said = f"the model's recommended value, else {default}" if name in MODEL_RECOMMENDS else default
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None,
-                       help=f"{text}{'; ' if text else ''}default: {default}")
+                       help=f"{text}{'; ' if text else ''}default: {said}")
     p.add_argument("--speculation", choices=("off", "prompt-lookup", "suffix", "suffix-tree", "draft", "auto"),
                    default=None, help="default: auto")
 
@@ -169,6 +172,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = params_from_args(args)
     prompt = read_prompt(args)
     engine = engine_from_args(args, progress=print_progress)  # this module's (under -m, cli is __main__)
+    for name, value in (getattr(engine, "sampling_defaults", None) or ({}, ""))[0].items():
+        if getattr(args, name, None) is None:  # the model's recommended value unless a flag says otherwise
+            setattr(params, name, value)
     messages = [{"role": "user", "content": prompt}]
     if args.raw:  # continue the text as written, as /v1/completions does (llama-cli -no-cnv)
         if args.system or getattr(args, "server", None):

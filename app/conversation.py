@@ -28,6 +28,7 @@ from parley.app.widgets.status_bar import StatusBar
 from parley.engine.params import GenerationParams
 from parley.engine.protocol import EngineLike, SessionLike
 
+MODEL_PARAMS = ("temperature", "top_p", "top_k", "min_p")  # what a model may recommend (sampling_defaults.py)
 MIN_REPLY_ROOM = 32  # a shorter reply that keeps a document is offered only if it leaves this much room
 
 
@@ -50,7 +51,7 @@ class ConversationController:
 
     def __init__(self, store: Store, settings: Settings, params: GenerationParams, export_dir: Path,
                  system_prompt: str | None, *, engines: EngineLifecycle, replies: ReplyController,
-                 attachments: AttachmentController) -> None:
+                 attachments: AttachmentController, chosen_params: frozenset[str] = frozenset()) -> None:
         self.store, self.settings, self.params, self.export_dir = store, settings, params, export_dir
         self.engines, self.replies, self.attachments = engines, replies, attachments
         self.conversation: Conversation | None = None
@@ -59,6 +60,9 @@ class ConversationController:
         self.session: SessionLike | None = None
         self._session_engine: EngineLike | None = None  # a new engine reads the conversation afresh
         self.global_params = params_values(params)  # restored on a new chat
+        # The values the user set (settings, or a flag this run): a model's recommended ones never replace them.
+        self.chosen = settings.chosen_params() | set(chosen_params)
+        self.recommended: tuple[dict[str, float | int], str] = ({}, "")  # the model's, and where from
         self.queued = False  # a message sent while the model loads waits for it
         self.checking = False  # measuring whether the documents still fit, before a reply starts
         self.screen: Screen
@@ -361,21 +365,45 @@ class ConversationController:
         apply_values(self.params, values)
         self.panel.show_values()
 
+    def model_defaults(self, values: dict[str, float | int], source: str) -> None:
+        """A model came in: its recommended sampling values replace those the user never set (the engine's
+        defaults for those the last one recommended), and the panel says where they come from."""
+        before, self.recommended = self.recommended[0], (values, source)
+        base = GenerationParams()
+        # A value the last model recommended goes back to the engine's default; the others stay as they are.
+        changed = {name: values.get(name, getattr(base, name)) for name in MODEL_PARAMS
+                   if name not in self.chosen and (name in values or name in before)}
+        if changed:
+            self.global_params.update(changed)
+            self._load_params({**self.global_params, **self._overrides()})
+        self.panel.show_recommended({k: v for k, v in values.items() if k not in self.chosen}, source)
+
     def param_changed(self, attr: str, value: object) -> None:
         """Keep the value: for the next start, and for this conversation when it is resumed."""
         if attr == "seed":
             return
         self.global_params[attr] = value
+        if attr not in self.chosen:  # from now on the user's, whatever a model recommends
+            self.chosen.add(attr)
+            self.settings.set_chosen_params(self.chosen)
+            values, source = self.recommended
+            self.panel.show_recommended({k: v for k, v in values.items() if k not in self.chosen}, source)
         self.settings.save_params_values(self.global_params)
         if self.conversation is not None:
             self._save_overrides({**self._overrides(), attr: value})
 
     def reset_params(self) -> None:
+        """Back to the defaults: the model's recommended values where it has them, the engine's elsewhere."""
         defaults = GenerationParams()
-        values = {name: getattr(defaults, name, REPETITION_DEFAULTS.get(name)) for name in self.global_params}
+        recommended, source = self.recommended
+        values = {name: recommended.get(name, getattr(defaults, name, REPETITION_DEFAULTS.get(name)))
+                  for name in self.global_params}
         self.global_params = dict(values)
+        self.chosen = set()
+        self.settings.set_chosen_params(self.chosen)
         self.settings.save_params_values(values)
         if self.conversation is not None:
             self._save_overrides({})
         self._load_params(values)
-        self.prompt.notify("Sampling settings reset to defaults")
+        self.panel.show_recommended(recommended, source)
+        self.prompt.notify("Sampling settings reset to defaults" + (f" ({source})" if recommended else ""))

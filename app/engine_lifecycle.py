@@ -51,6 +51,14 @@ def to_ui(app: App, callback: Callable[..., object], *args: object) -> None:
         app.call_from_thread(callback, *args)
 
 
+class ModelDefaults(Message):
+    """An engine came in: its model's recommended sampling values, and where they come from (in words)."""
+
+    def __init__(self, values: dict[str, float | int], source: str) -> None:
+        super().__init__()
+        self.values, self.source = values, source
+
+
 class EngineReady(Message):
     """The first engine is in (or a retry's): back to the prompt, and measure what waited for it."""
 
@@ -181,6 +189,8 @@ class EngineLifecycle:
         self.status.quantization = engine.quantization
         self.status.context_window = engine.context_window
         self.panel.set_capabilities(engine.capabilities)
+        values, source = getattr(engine, "sampling_defaults", None) or ({}, "")
+        self.screen.post_message(ModelDefaults(dict(values), source))
         # A local engine says whether it has a draft model; a remote one (no such attribute) decides itself.
         self.panel.set_draft_model(getattr(engine, "draft", None) is not None if hasattr(engine, "draft") else None)
 

@@ -101,3 +101,17 @@ class Settings:
 
     def save_params_values(self, values: dict[str, object]) -> None:
         self.set("params", dict(values))
+
+    def chosen_params(self) -> set[str]:
+        """The sampling values the user set: they win over a model's recommended ones. For a file written
+        before this was kept, the saved values that differ from the engine's defaults."""
+        chosen = self.values.get("params_chosen")
+        if isinstance(chosen, list):
+            return {name for name in chosen if isinstance(name, str)}
+        saved, defaults = self.values.get("params"), GenerationParams()
+        if not isinstance(saved, dict):
+            return set()
+        return {name for name, value in saved.items() if name in KEPT_PARAMS and getattr(defaults, name, None) != value}
+
+    def set_chosen_params(self, names: set[str]) -> None:
+        self.set("params_chosen", sorted(names))

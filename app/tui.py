@@ -25,7 +25,7 @@ def build_app(args: argparse.Namespace):
     # Imported here so `parley --help` and the other subcommands do not pay for Textual and torch.
     from parley.app.chat_app import ParleyApp
     from parley.app.first_run import CHOICE_KEY, QuantizeInBackground, four_bit_gguf, model_key
-    from parley.app.settings import Settings
+    from parley.app.settings import KEPT_PARAMS, Settings
 
     settings = Settings()
     params = cli.params_from_args(args, base=settings.params())
@@ -49,7 +49,8 @@ def build_app(args: argparse.Namespace):
                                   file_weights=lambda: four_bit_gguf(model),  # a .gguf already 4-bit: offer it
                                   choice=choices.get(model_key(model)) if isinstance(choices, dict) else None)
     return ParleyApp(loader.load, upgrade_engine=loader.upgrade, load_model=None if args.server else load_model,
-                     model_ref=model, params=params, settings=settings, system_prompt=args.system, first_run=loader)
+                     model_ref=model, params=params, settings=settings, system_prompt=args.system, first_run=loader,
+                     chosen_params=frozenset(n for n in KEPT_PARAMS if getattr(args, n, None) is not None))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -49,6 +49,9 @@ class Engine:
     reply reads carry sampling only.
     """
 
+    # The model makers' sampling values and where they come from (models/sampling_defaults.py), for the app.
+    sampling_defaults: tuple[dict[str, float | int], str] = ({}, "")
+
     def __init__(self, model: Transformer, tokenizer, *, name: str = "model", quantization: str = "none",
                  context_window: int | None = None, draft: Drafter | None = None, compile: bool = False,
                  kv_cache: str | None = None, native: Step | None = None) -> None:
@@ -88,7 +91,7 @@ class Engine:
 
         dev = torch.device(device) if device else default_device()
         dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-        files = resolve(model_ref, progress=progress)
+        files = source = resolve(model_ref, progress=progress)
         name = files.repo_id or Path(files.path).name
         tokenizer = load_tokenizer(files)
         if chat_template:
@@ -135,16 +138,22 @@ class Engine:
 
             drafter = load_draft(draft, model, files, tokenizer, progress=progress, group_size=group_size,
                                  native=step is not None)
-        return cls(model, tokenizer, name=name, quantization=quantization,
-                   context_window=context_window or int(os.environ.get("PARLEY_CONTEXT", 0)) or None,
-                   draft=drafter, compile=compile if compile is not None else os.environ.get("PARLEY_COMPILE") == "1",
-                   kv_cache=kv_cache, native=step)
+        engine = cls(model, tokenizer, name=name, quantization=quantization,
+                     context_window=context_window or int(os.environ.get("PARLEY_CONTEXT", 0)) or None,
+                     draft=drafter, compile=compile if compile is not None else os.environ.get("PARLEY_COMPILE") == "1",
+                     kv_cache=kv_cache, native=step)
+        from ..models.sampling_defaults import sampling_defaults
+
+        engine.sampling_defaults = sampling_defaults(source, name)
+        return engine
 
     def fresh(self, *, context_window: int | None = None, draft: Drafter | None = None) -> Engine:
         """An engine over the same weights (and native step) with a cache of its own, empty."""
-        return Engine(self.model, self.tokenizer, name=self.model_name, quantization=self.quantization,
-                      context_window=context_window or self.context_window, draft=draft, kv_cache=self.kv_cache,
-                      native=self.native)
+        engine = Engine(self.model, self.tokenizer, name=self.model_name, quantization=self.quantization,
+                        context_window=context_window or self.context_window, draft=draft, kv_cache=self.kv_cache,
+                        native=self.native)
+        engine.sampling_defaults = self.sampling_defaults
+        return engine
 
     @property
     def capabilities(self) -> Capabilities:

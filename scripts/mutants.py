@@ -367,6 +367,14 @@ MUTANTS: list[Mutant] = [
            "ident.update(path=str(Path(files.path).resolve()),\n",
            "ident.update(path=str(files.path),\n",
            ("tests/test_quant_cache_same_weights_same_folder.py",)),
+    Mutant("model-defaults-override-the-user", "app/conversation.py",
+           "if name not in self.chosen and (name in values or name in before)}",
+           "if (name in values or name in before)}",
+           ("tests/test_app_sampling_defaults_from_the_model.py",)),
+    Mutant("document-dropped-without-asking", "app/conversation.py",
+           "        if documents and not checked:\n",
+           "        if False:\n",
+           ("tests/test_app_document_dropped_only_by_choice.py",)),
 ]
 
 

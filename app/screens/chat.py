@@ -16,7 +16,7 @@ from textual.widgets import Footer, Header
 
 from parley.app.attachments import AttachmentController
 from parley.app.conversation import ConversationController, Titled
-from parley.app.engine_lifecycle import EngineLifecycle, EngineReady
+from parley.app.engine_lifecycle import EngineLifecycle, EngineReady, ModelDefaults
 from parley.app.reply_controller import ReplyController, ReplyFinished, ReplyStarted
 from parley.app.screens.history import HistoryScreen
 from parley.app.settings import Settings
@@ -120,6 +120,10 @@ class ChatScreen(Screen[None]):
         self.prompt.focus()
         self.attachments.count_waiting()
         self.conversations.engine_ready()
+
+    @on(ModelDefaults)
+    def _model_defaults(self, message: ModelDefaults) -> None:
+        self.conversations.model_defaults(message.values, message.source)
 
     @on(Titled)
     def _titled(self, message: Titled) -> None:

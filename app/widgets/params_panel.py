@@ -90,6 +90,9 @@ class ParamsPanel(VerticalScroll):
 
     def compose(self) -> ComposeResult:
         yield Static("Sampling · live", id="panel-title", classes="panel--title")
+        recommended = Static("", id="recommended", classes="param--help")
+        recommended.display = False  # until a model recommends values
+        yield recommended
         for spec in SLIDERS:
             value = param(self.params, spec.attr)
             yield Label(self._label_text(spec, value), id=f"label-{spec.attr}", classes="param--label")
@@ -135,6 +138,14 @@ class ParamsPanel(VerticalScroll):
         select.value = self.params.speculation
         self.query_one("#speculation-help", Static).update(self._speculation_help())
 
+    def show_recommended(self, values: dict[str, float | int], source: str) -> None:
+        """'temperature 0.2 · top-p 0.9 · from SmolLM2's model card': the model's values in use, and whence."""
+        labels = {s.attr: s.label.lower() for s in SLIDERS}
+        words = [f"{labels.get(k, k)} {v:g}" for k, v in values.items()]
+        line = f"{' · '.join(words)} · {source}" if words and source else ""
+        self.query_one("#recommended", Static).update(line)
+        self.query_one("#recommended", Static).display = bool(line)
+
     @staticmethod
     def _label_text(spec: SliderSpec, value: float) -> str:
         return f"{spec.label}  {format_value(spec, value)}"
@@ -169,8 +180,10 @@ class ParamsPanel(VerticalScroll):
         """
         for spec in SLIDERS:
             value = param(self.params, spec.attr)
-            self.query_one(f"#slider-{spec.attr}", Slider).value = value
-            self.query_one(f"#label-{spec.attr}", Label).update(self._label_text(spec, value))
+            slider = self.query_one(f"#slider-{spec.attr}", Slider)
+            slider.value = value
+            if not slider.disabled:  # a greyed-out one keeps saying why
+                self.query_one(f"#label-{spec.attr}", Label).update(self._label_text(spec, value))
         if self.has_draft is False and self.params.speculation == "draft":
             self.params.speculation = "auto"
         self.query_one("#speculation", Select).value = self.params.speculation
