@@ -29,7 +29,7 @@ from parley.app.screens.help import HelpScreen
 from parley.app.screens.history import Deleted, ExportAsked, Renamed
 from parley.app.screens.loading import LoadingScreen
 from parley.app.settings import Settings
-from parley.app.store import Conversation, Store
+from parley.app.store import Conversation, Store, data_dir
 from parley.app.widgets.attachment import Attachment
 from parley.app.widgets.message import ChatMessage, ChatView
 from parley.app.widgets.params_panel import ParamsPanel
@@ -63,8 +63,9 @@ class ParleyApp(App[int]):
         self.engines = EngineLifecycle(load_engine, upgrade_engine, load_model, settings=self.settings,
                                        model_ref=model_ref, busy=lambda: self.replies.busy, first_run=first_run)
         self.attachments = AttachmentController(self.engines, self.params)
+        exports = Path(export_dir) if export_dir is not None else data_dir() / "exports"  # not the current dir
         self.conversations = ConversationController(
-            self.store, self.settings, self.params, Path(export_dir) if export_dir is not None else Path.cwd(),
+            self.store, self.settings, self.params, exports,
             system_prompt, engines=self.engines, replies=self.replies, attachments=self.attachments,
             chosen_params=chosen_params)
         self.chat_screen = ChatScreen(self.params, self.store, self.settings, engines=self.engines,

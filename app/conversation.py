@@ -331,6 +331,7 @@ class ConversationController:
             return None
         path = (self.export_dir / f"{slug(conversation.title)}-{conversation_id}.md").resolve()
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(self.store.export_markdown(conversation_id), encoding="utf-8")
         except OSError as e:
             self.prompt.notify(f"Could not export to {path}: {e.strerror or e}", severity="error", markup=False)

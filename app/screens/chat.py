@@ -109,8 +109,9 @@ class ChatScreen(Screen[None]):
             "toggle_params", "reset_params", "toggle_drafts", "history", "speculation", "details")
 
     def on_key(self, event: events.Key) -> None:
-        """Esc that no widget used (the focus is on a message, say) goes back to the prompt."""
-        if event.key == "escape" and self.focused is not self.prompt:
+        """Esc that no widget used (the focus is on a message, a slider) goes back to the prompt; while a
+        reply streams it also stops it, as everywhere else (the Stop binding does both)."""
+        if event.key == "escape" and self.focused is not self.prompt and not self.replies.busy:
             event.stop()
             self.set_focus(self.prompt)
 

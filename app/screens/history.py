@@ -48,6 +48,7 @@ class HistoryScreen(ModalScreen[int | None]):
         Binding("d", "delete", "Delete"),
         Binding("x", "export", "Export .md"),
         Binding("slash", "search", "Search"),
+        Binding("down", "to_list", "The matches", show=False),
     ]
 
     def __init__(self, store: Store, current: int | None) -> None:
@@ -94,6 +95,11 @@ class HistoryScreen(ModalScreen[int | None]):
 
     def action_search(self) -> None:
         self.query_one("#history-search", Input).focus()
+
+    def action_to_list(self) -> None:
+        """Down in the search box: on to the matches (Enter there resumes the highlighted one)."""
+        if self.query_one("#history-search", Input).has_focus:
+            self.query_one("#history-list").focus()
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "history-search":
