@@ -22,6 +22,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 from textual.drivers.web_driver import WebDriver
 
@@ -182,8 +183,37 @@ def guard(port: int):
     return check
 
 
+# Keys reach the app without a click first: the terminal's input takes the focus as soon as it exists
+# (textual-serve's page leaves it unfocused, so the first keys typed went nowhere).
+FOCUS_SCRIPT = """<script>
+  (function focusTerminal() {
+    const input = document.querySelector(".xterm-helper-textarea");
+    if (input) { input.focus(); } else { setTimeout(focusTerminal, 50); }
+  })();
+</script>
+"""
+
+
+def page_templates(folder: Path) -> Path | None:
+    """textual-serve's page template with `FOCUS_SCRIPT` added, written to `folder`; None (its own page)
+    when that template is not where this version of textual-serve keeps it."""
+    import textual_serve
+
+    page = Path(textual_serve.__file__).parent / "templates" / "app_index.html"
+    try:
+        html = page.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    if "</body>" not in html:
+        return None
+    (folder / page.name).write_text(html.replace("</body>", FOCUS_SCRIPT + "</body>", 1), encoding="utf-8")
+    return folder
+
+
 def serve(command: str, port: int, title: str = "Parley") -> None:
     """Serve `command` (a Textual app) on 127.0.0.1:`port` until Ctrl+C."""
+    import tempfile
+
     from textual_serve.server import Server
 
     class GuardedServer(Server):
@@ -192,7 +222,10 @@ def serve(command: str, port: int, title: str = "Parley") -> None:
             app.middlewares.append(guard(port))
             return app
 
-    GuardedServer(command, host=HOST, port=port, title=title).serve()
+    with tempfile.TemporaryDirectory(prefix="parley-web-") as folder:
+        templates = page_templates(Path(folder))
+        extra = {"templates_path": templates} if templates is not None else {}
+        GuardedServer(command, host=HOST, port=port, title=title, **extra).serve()
 
 
 def run(args: argparse.Namespace) -> int:
