@@ -46,6 +46,9 @@ def error_hint(error: BaseException) -> str:
     return "Try again (r), or start with another model: parley chat --model ORG/NAME or a local path."
 
 
+QUANTIZE_PASSES = {"layer": "pass 1 of 2: each layer in turn",
+                   "step": "pass 2 of 2: distilling the whole model"}
+
 class LoadingScreen(Screen[None]):
     """Shows `Progress` reports (marshalled here by the app) and, on failure, the error and a way out."""
 
@@ -80,7 +83,7 @@ class LoadingScreen(Screen[None]):
                 yield ProgressBar(id="download-bar", show_eta=False)
                 yield Label("", id="download-detail", classes="loading--detail", markup=False)
             with Vertical(id="quantize-step", classes="loading--step"):
-                yield Label("Quantize (AWQ INT4)", classes="loading--stage")
+                yield Label("Quantize (AWQ INT4)", id="quantize-stage", classes="loading--stage")
                 yield ProgressBar(id="quantize-bar", show_eta=False)
                 yield Label("", id="quantize-detail", classes="loading--detail", markup=False)
             yield Label("", id="load-detail", classes="loading--detail", markup=False)
@@ -98,6 +101,9 @@ class LoadingScreen(Screen[None]):
         elif p.stage == "quantize":
             bar = self.query_one("#quantize-bar", ProgressBar)
             bar.update(total=p.total or None, progress=p.done)
+            # Two passes, each with its own count: say which, or "step 1 of 32" after "layer 30 of 30" puzzles.
+            if p.total and p.unit in QUANTIZE_PASSES:
+                self.query_one("#quantize-stage", Label).update(f"Quantize (AWQ INT4) · {QUANTIZE_PASSES[p.unit]}")
             if p.total and p.unit == "layer":
                 detail = f"layer {int(p.done)} of {int(p.total)}"
                 if p.eta_s is not None:
