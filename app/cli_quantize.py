@@ -8,6 +8,8 @@ import logging
 import sys
 import time
 
+from ..models.quantize.tiers import TIERS
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", default=None,
@@ -21,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=None, help="tokens per sample (default 512 GPU / 256 CPU)")
     parser.add_argument("--device", default=None, help="where layers are quantized (default: cuda when available)")
     parser.add_argument("--rebuild", action="store_true", help="quantize again even if a valid cached folder exists")
+    parser.add_argument("--method", default="auto", choices=("auto", *TIERS),
+                        help="auto (default): the full method where it fits in minutes on this machine, cheaper "
+                             "tiers above; " + "; ".join(f"{k}: {v}" for k, v in TIERS.items()))
 
 
 def _calib(values: list[str] | None) -> str | list[str] | None:
@@ -39,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     files = resolve(args.model, progress=print_progress)
     out = ensure_quantized(files, group_size=args.group_size, calib=_calib(args.calib), n_samples=args.samples,
                            seq_len=args.seq_len, progress=print_progress, device=args.device,
-                           rebuild=args.rebuild)
+                           rebuild=args.rebuild, method=args.method)
     elapsed = time.monotonic() - start
     try:
         manifest = json.loads((out.path / "manifest.json").read_text())

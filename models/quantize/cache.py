@@ -35,10 +35,11 @@ from ..errors import ModelLoadError
 from ..progress import Progress, ProgressFn
 from ..resolve import ModelFiles
 from . import hadamard
-from .awq import AWQSettings, awq_quantize
+from .awq import AWQSettings
 from .calibration import calibration_key, load_calibration
 from .checkpoint import is_awq, save_awq
 from .distill import DistillSettings
+from .tiers import CPU_CALIBRATION, TIERS, choose_tier
 
 log = logging.getLogger("parley.quantize")
 
@@ -98,11 +99,32 @@ def first_run_settings(group_size: int, device: torch.device) -> AWQSettings:
 
 def method_name(awq: AWQSettings) -> str:
     """What the cache key and manifest call the method: a folder built by another method is never reused."""
-    steps = (["rotate"] * awq.rotate + ["awq" if awq.scale_down else "awq-no-down-scale"] + ["clip-qk"] * awq.clip_qk
+    scaled = "awq" if awq.scale_down else "awq-no-down-scale"
+    steps = (["rotate"] * awq.rotate + [scaled if awq.awq_scales else "clip" if awq.clip else "rtn"]
+             + ["clip-qk"] * awq.clip_qk
              + ["gptq-act-order" if awq.act_order else "gptq"] * awq.gptq)
     steps += ["refit"] * awq.refit_scales + [f"hadamard-down{awq.hadamard_down}"] * bool(awq.hadamard_down)
     steps += ["distill"] * bool(awq.distill)
     return "+".join(steps)
+
+
+def tier_settings(tier: str, group_size: int, device: torch.device) -> AWQSettings:
+    """The AWQSettings of a tier (`TIERS`)."""
+    if tier not in TIERS:
+        raise ValueError(f"unknown quantization method {tier!r}; choose one of {', '.join(TIERS)} or auto")
+    awq = first_run_settings(group_size, device)
+    if tier == "full":
+        return awq
+    awq = dataclasses.replace(awq, distill=None)
+    if tier in ("awq", "rtn"):
+        awq = dataclasses.replace(awq, gptq=False, refit_scales=False)
+    if tier == "rtn":
+        awq = dataclasses.replace(awq, awq_scales=False, clip=False, clip_qk=False)
+    return awq
+
+
+def calibration_size(tier: str, device: torch.device) -> tuple[int, int]:
+    return default_calibration_size(device) if device.type == "cuda" else CPU_CALIBRATION[tier]
 
 
 def applied_method(settings: dict[str, Any]) -> str:
@@ -233,21 +255,23 @@ def tokenizer_files(files: ModelFiles, out: Path) -> list[Path]:
 def ensure_quantized(files: ModelFiles, *, group_size: int = 128, calib: str | list[str] | None = None,
                      n_samples: int | None = None, seq_len: int | None = None,
                      progress: ProgressFn | None = None, device: torch.device | str | None = None,
-                     rebuild: bool = False) -> ModelFiles:
+                     rebuild: bool = False, method: str | None = None) -> ModelFiles:
     """The AWQ folder for `files` in the Parley cache, quantizing (atomically) when there is no valid one.
 
-    A source that already is an AWQ checkpoint is returned as it is.
+    `method`: a tier of `TIERS`, or None / "auto" for `choose_tier`'s. A source that already is an AWQ
+    checkpoint is returned as it is.
     """
-    clean_stale(cache_root())
-    if files.kind == "dir":
-        from ..loading import load_config
+    from ..loading import load_config
 
-        if is_awq(load_config(files).quantization):
-            return files
+    clean_stale(cache_root())
+    config = load_config(files)
+    if files.kind == "dir" and is_awq(config.quantization):
+        return files
     device = torch.device(device) if device is not None else torch.device(
         "cuda" if torch.cuda.is_available() else "cpu")
-    default_n, default_len = default_calibration_size(device)
-    settings = {"format": FORMAT_VERSION, "method": method_name(first_run_settings(group_size, device)),
+    tier = choose_tier(config, device.type) if method in (None, "auto") else str(method)
+    default_n, default_len = calibration_size(tier, device) if tier in TIERS else (0, 0)
+    settings = {"format": FORMAT_VERSION, "method": method_name(tier_settings(tier, group_size, device)),
                 "bits": 4, "group_size": group_size,
                 "calib": calibration_key(calib), "n_samples": n_samples or default_n,
                 "seq_len": seq_len or default_len}
@@ -269,7 +293,7 @@ def ensure_quantized(files: ModelFiles, *, group_size: int = 128, calib: str | l
                     progress(Progress("quantize", 0, 0, "layer", f"cached model unusable ({why}); rebuilding"))
             if progress:  # said before the slow part, so a caller can carry on with something else meanwhile
                 progress(Progress("quantize", 0, 0, "layer", "starting AWQ quantization"))
-            build(files, key, folder, calib, progress, device)
+            build(files, key, folder, calib, progress, device, tier)
     except (OSError, SafetensorError) as e:
         code, why = _write_error(e)
         if code not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
@@ -323,35 +347,60 @@ def _one_builder(folder: Path, progress: ProgressFn | None) -> Iterator[None]:
 
 
 def build(files: ModelFiles, key: dict[str, Any], folder: Path, calib: str | list[str] | None,
-          progress: ProgressFn | None, device: torch.device) -> None:
-    """Quantize into a temporary sibling of `folder`, write the manifest last, then rename into place."""
-    from ..loading import load_model
+          progress: ProgressFn | None, device: torch.device, tier: str = "full") -> None:
+    """Quantize layer by layer (stream.py: resumable, the fp model never whole), assemble the folder in a
+    temporary sibling of `folder`, write the manifest last, then rename it into place."""
+    from ..loading import assemble, load_config
     from ..tokenizer import load_tokenizer
+    from . import stream
+    from .awq import AWQReport, distill_model
 
     settings = key["settings"]
     start = time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{folder.name}.pid{os.getpid()}.", dir=folder.parent))
-    try:
-        # Layers are moved to `device` one at a time, so the whole model only needs host memory.
-        dtype = torch.float16 if device.type == "cuda" else torch.float32
-        model = load_model(files, dtype=dtype, device="cpu")
+    config = load_config(files)
+    awq = tier_settings(tier, settings["group_size"], device)
+    n = settings["n_samples"]
+    calibrated = awq.awq_scales or awq.clip or awq.gptq or awq.refit_scales
+    if calibrated:
         tok = load_tokenizer(files)
-        awq = first_run_settings(settings["group_size"], device)
-        n = settings["n_samples"]
         calibration = load_calibration(tok.encode, n * (DISTILL_SAMPLES if awq.distill else 1), settings["seq_len"],
                                        calib)
-        t0 = time.monotonic()
-        report = awq_quantize(model, evenly(calibration.tokens, n), awq, progress=progress, device=device,
-                              distill_tokens=calibration.tokens)
-        quantize_s = time.monotonic() - t0
+        tokens, description = calibration.tokens, calibration.description
+    else:  # round to nearest: the walk runs no layer, one dummy sequence keeps its shapes
+        tokens, description = torch.zeros(1, 1, dtype=torch.long), "none (round to nearest)"
+    rows = torch.linspace(0, len(tokens) - 1, n).round().long() if len(tokens) > n else torch.arange(len(tokens))
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    work = stream.work_folder(folder)
+    t0 = time.monotonic()
+    walk = stream.quantize_layers(files, config, key, work, awq, tokens, rows, device, dtype,
+                                  top_k=awq.distill.top_k if awq.distill else 0, progress=progress,
+                                  calibrated=calibrated)
+    # The finished model, from the work folder's files: in fp16 unless it is distilled here (fp32 on a CPU).
+    model = assemble(walk.config, stream.quantized_weights(work, config.n_layers),
+                     dtype if awq.distill else torch.float16, "cpu", str(work), walk.group_size)
+    report = AWQReport(group_size=walk.group_size, requested_group_size=settings["group_size"], rotated=walk.rotated,
+                       rotated_down=stream.rotated_downs(work, config.n_layers, walk.group_size),
+                       down_block=walk.down_block)
+    if report.rotated_down:
+        report.down_diag = hadamard.rotation_diag(config.intermediate_size, walk.down_block, awq.hadamard_seed)
+    if awq.distill and walk.targets is not None:
+        if progress:
+            progress(Progress("quantize", 0, 0, "step", "distilling the scales: starting"))
+        with torch.enable_grad():
+            report.distill = distill_model(model, report, tokens.to(device), walk.targets, awq, device, progress)
+    quantize_s = time.monotonic() - t0
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{folder.name}.pid{os.getpid()}.", dir=folder.parent))
+    try:
         save_awq(model, model.config, tokenizer_files(files, tmp / ".tokenizer"), tmp)
+        del model
         if report.rotated_down:
             hadamard.save(tmp, report.rotated_down, report.down_diag, report.down_block)
         shutil.rmtree(tmp / ".tokenizer", ignore_errors=True)
         manifest = {
             "key": key,
             "source": key["source"],
-            "settings": {**settings, "group_size_used": report.group_size,
+            "settings": {**settings, "tier": tier, "tier_summary": TIERS.get(tier, ""),
+                         "group_size_used": report.group_size,
                          "group_size_note": _group_note(report.requested_group_size, report.group_size),
                          "search_dtype": str(awq.search_dtype or dtype).removeprefix("torch."),
                          "search_samples": awq.search_samples, "n_grid": awq.n_grid,
@@ -361,9 +410,9 @@ def build(files: ModelFiles, key: dict[str, Any], folder: Path, calib: str | lis
                          "hadamard_down_block": report.down_block,
                          "distill": report.distill and {**dataclasses.asdict(awq.distill),
                                                         **dataclasses.asdict(report.distill)}},
-            "calibration": calibration.description,
-            "alphas": [layer.alphas for layer in report.layers],
+            "calibration": description,
             "timing": {"quantize_s": round(quantize_s, 1), "total_s": round(time.monotonic() - start, 1),
+                       "layers_s": round(walk.seconds, 1), "resumed_after_layer": walk.resumed_from,
                        "device": str(device), "threads": torch.get_num_threads()},
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "files": {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
@@ -379,6 +428,7 @@ def build(files: ModelFiles, key: dict[str, Any], folder: Path, calib: str | lis
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    stream.remove_work(work)  # only once the folder is in place: until then a new start resumes from it
 
 
 def _group_note(requested: int, used: int) -> str:

@@ -1,0 +1,43 @@
+"""The quantization tiers a first run chooses from by model size and device, and the choice.
+
+Why tiers: the full method (rotation, AWQ, GPTQ, distillation) costs minutes a layer at 8B on a 2-core CPU,
+and its distillation trains the whole model at once. A first run should take minutes, so larger models get
+the cheaper steps that still fit. Light on purpose (no torch): the command line reads it for its help.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The tiers a first run chooses from (`choose_tier`), cheapest last. Each is one method name in the cache key;
+# docs/quantization.md has what each costs in perplexity on the real models and in time per layer.
+TIERS = {
+    "full": "rotation, AWQ scales, clipping, GPTQ, scale refit, rotated down_proj, then the distillation",
+    "gptq": "the full method less the distillation (which holds the whole model and trains it)",
+    "awq": "rotation, AWQ scales and clipping, rounded to nearest (no GPTQ, no refit, no distillation)",
+    "rtn": "rotation, then round to nearest: no calibration at all",
+}
+# Calibration (sequences x tokens) per tier on a CPU; a GPU takes default_calibration_size for every tier.
+CPU_CALIBRATION = {"full": (32, 256), "gptq": (16, 256), "awq": (8, 256), "rtn": (1, 16)}
+
+# Above this many decoder parameters a CPU first run leaves out the distillation, then GPTQ, then the
+# calibration: measured per-layer costs (docs/quantization.md) put each tier's first run of the next size
+# up past its time budget (8 minutes at 1B, an hour at 8B) on a 2-core machine.
+CPU_TIER_LIMITS = (("full", 0.5e9), ("gptq", 2.0e9), ("awq", 10e9))
+
+
+def decoder_params(config: Any) -> float:
+    attn = config.dim * config.head_dim * (2 * config.n_heads + 2 * config.n_kv_heads)
+    return config.n_layers * (attn + 3 * config.dim * config.intermediate_size)
+
+
+def choose_tier(config: Any, device_type: str) -> str:
+    """The method a first run ships for this model and device: the full one where it fits in minutes. A GPU
+    runs the full method at every size people run (an 8B model's distillation fits an H200's memory)."""
+    if device_type == "cuda":
+        return "full"
+    params = decoder_params(config)
+    for tier, limit in CPU_TIER_LIMITS:
+        if params <= limit:
+            return tier
+    return "rtn"
