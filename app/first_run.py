@@ -42,13 +42,14 @@ def four_bit_gguf(ref: str | None) -> str | None:
         return four_bit_types(path) if path is not None else None
     except ModelLoadError:
         return None
+Fits = Callable[[], str | None]  # None when the unquantized model fits beside the quantizer, else why not
 
 
 class QuantizeInBackground:
     """The app's `load_engine` and `upgrade_engine` for `--quant awq`, over `load(quant, progress)`."""
 
     def __init__(self, load: Load, quant: str = "awq", file_weights: str | Callable[[], str | None] | None = None,
-                 choice: str | None = None) -> None:
+                 choice: str | None = None, stand_in: Fits | None = None) -> None:
         self._load = load
         self.quant = quant
         # the 4-bit types of a .gguf model's decoder ("Q4_1"), else None; a function is asked in `load`
@@ -57,6 +58,8 @@ class QuantizeInBackground:
         self.offer: str | None = None  # the file's weights, while the first-run choice waits for `choose`
         self._chosen = threading.Event()
         self._started = False  # the INT4 load's thread is running (or has run)
+        self._stand_in = stand_in
+        self.waiting = False  # the unquantized model does not fit beside the quantizer: the first-run screen stays
         self.background = False  # True once the first engine is the stand-in and INT4 is still coming
         self._changed = threading.Event()  # the INT4 load finished or started to quantize
         self._quantizing = False
@@ -78,7 +81,16 @@ class QuantizeInBackground:
                 self.background = True
             return engine
         self._start(progress)
-        if not self._quantizing:  # finished (or failed) without quantizing: the cache had it
+        unfit = self._quantizing and self._stand_in is not None and not self.file_weights
+        why = self._stand_in() if unfit else None
+        if why is not None:  # no stand-in: the first-run screen shows the quantization, ETA and all, until it ends
+            self.waiting = True
+            if progress is not None:
+                progress(Progress("quantize", 0, 0, "layer", f"{why}; the chat opens when INT4 is ready"))
+                if self._last is not None:
+                    progress(self._last)
+            self._finished.wait()
+        if not self._quantizing or self.waiting:  # finished (or failed): the cache had it, or we waited for it
             if self._error is not None:
                 raise self._error
             assert self._engine is not None
@@ -136,5 +148,37 @@ class QuantizeInBackground:
             self._changed.set()
             return
         sink = self._sink
-        if sink is not None and not (p.stage == "quantize" and not self.background):
+        if sink is not None and not (p.stage == "quantize" and not (self.background or self.waiting)):
             sink(p)
+
+
+def stand_in_fits(files: object) -> str | None:
+    """None when the model's unquantized weights (bf16 where this CPU multiplies bf16 natively, else fp32) fit in
+    the memory available beside the quantizer's own (one fp32 layer several times over, and its calibration);
+    otherwise a line saying what it needs."""
+    from parley.models.loading import load_config
+    from parley.models.quantize.cache import fast_cpu_bf16
+    from parley.models.quantize.tiers import decoder_params
+
+    config = load_config(files)
+    per_weight = 2 if fast_cpu_bf16() else 4
+    need = (decoder_params(config) + 2 * config.vocab_size * config.dim) * per_weight
+    layer = decoder_params(config) / max(1, config.n_layers) * 4
+    need += 8 * layer + (2 << 30)  # the quantizer: a layer in fp32 and its working copies, Gram matrices, activations
+    free = available_memory()
+    if free is None or need <= free:
+        return None
+    return (f"the unquantized model needs {need / 2**30:.1f} GiB beside the quantizer and {free / 2**30:.1f} GiB "
+            "is available")
+
+
+def available_memory() -> int | None:
+    """MemAvailable in bytes (Linux), None where unknown."""
+    try:
+        text = Path("/proc/meminfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None

@@ -43,11 +43,18 @@ def build_app(args: argparse.Namespace):
         # the same flags, another model; no draft (a draft belongs to the model it was chosen for)
         return engine_from_args(argparse.Namespace(**{**vars(args), "model": ref, "draft": None}), progress=progress)
 
+    def stand_in() -> str | None:
+        from parley.app.first_run import stand_in_fits
+        from parley.models.resolve import resolve
+
+        return stand_in_fits(resolve(model))
+
     # A first run of a .gguf already 4-bit chats on the file's own weights while Parley's INT4 is made
     choices = settings.get(CHOICE_KEY, {})
     loader = QuantizeInBackground(load, "none" if args.server else args.quant,
                                   file_weights=lambda: four_bit_gguf(model),  # a .gguf already 4-bit: offer it
-                                  choice=choices.get(model_key(model)) if isinstance(choices, dict) else None)
+                                  choice=choices.get(model_key(model)) if isinstance(choices, dict) else None,
+                                  stand_in=stand_in)
     return ParleyApp(loader.load, upgrade_engine=loader.upgrade, load_model=None if args.server else load_model,
                      model_ref=model, params=params, settings=settings, system_prompt=args.system, first_run=loader,
                      chosen_params=frozenset(n for n in KEPT_PARAMS if getattr(args, n, None) is not None))

@@ -114,3 +114,18 @@ async def test_plain_load_shows_no_progress_screen_and_says_it_is_loading(tmp_pa
             gate.set()
         await wait_until(lambda: app.engine is engine)
         await wait_until(lambda: engine.calls and not app.generating)
+
+
+def test_a_model_too_large_to_stand_in_waits_on_the_first_run_screen():
+    """An 8B model's unquantized weights do not fit beside the quantizer in 24 GiB: no stand-in is loaded
+    (it would be killed for memory); the first-run screen gets the reason and the quantization's progress,
+    ETA included, and the INT4 engine is the first one."""
+    loads = ScriptedLoads()
+    loader = QuantizeInBackground(loads, stand_in=lambda: "the unquantized model needs 17.1 GiB")
+    seen = []
+    threading.Timer(0, loads.finish.set).start()
+    assert loader.load(seen.append) is loads.int4
+    assert loads.loads == ["awq"], "no stand-in may be loaded"
+    assert "needs 17.1 GiB" in seen[0].detail and "the chat opens when INT4 is ready" in seen[0].detail
+    assert [p.detail for p in seen[1:]][-1] == "layer 3/30"
+    assert loader.upgrade(None) is None

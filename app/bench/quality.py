@@ -40,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="AWQ calibration (as for `parley quantize`)")
     parser.add_argument("--samples", type=int, default=None, help="AWQ calibration samples")
     parser.add_argument("--seq-len", type=int, default=None, help="AWQ calibration tokens per sample")
+    parser.add_argument("--method", default="auto",
+                        help="the quantization tier to measure (as `parley quantize --method`; default auto)")
     parser.add_argument("--kernels", choices=("reference", "auto"), default="reference",
                         help="reference (default): INT4 weights dequantized exactly once, fp output head -- the "
                              "quantization alone; auto: the models as the engine runs them (its kernels and head)")
@@ -156,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
     if args.no_awq:
         return fp_and_gguf_quality(args, fp, files, chunks, [t.name for t in texts], reference, say)
     awq_files = ensure_quantized(files, group_size=args.group_size, calib=_calib(args.calib),
-                                 n_samples=args.samples, seq_len=args.seq_len, progress=print_progress)
+                                 n_samples=args.samples, seq_len=args.seq_len, progress=print_progress,
+                                 method=args.method)
     manifest = json.loads((awq_files.path / "manifest.json").read_text())
     results: dict[str, dict] = {}
     t0 = time.monotonic()

@@ -269,14 +269,27 @@ def ensure_quantized(files: ModelFiles, *, group_size: int = 128, calib: str | l
         return files
     device = torch.device(device) if device is not None else torch.device(
         "cuda" if torch.cuda.is_available() else "cpu")
-    tier = choose_tier(config, device.type) if method in (None, "auto") else str(method)
-    default_n, default_len = calibration_size(tier, device) if tier in TIERS else (0, 0)
-    settings = {"format": FORMAT_VERSION, "method": method_name(tier_settings(tier, group_size, device)),
-                "bits": 4, "group_size": group_size,
-                "calib": calibration_key(calib), "n_samples": n_samples or default_n,
-                "seq_len": seq_len or default_len}
-    key = {"source": source_identity(files), "settings": settings}
+    auto = method in (None, "auto")
+    tier = choose_tier(config, device.type) if auto else str(method)
+    source = source_identity(files)
+
+    def key_for(tier: str) -> dict[str, Any]:
+        default_n, default_len = calibration_size(tier, device) if tier in TIERS else (0, 0)
+        settings = {"format": FORMAT_VERSION, "method": method_name(tier_settings(tier, group_size, device)),
+                    "bits": 4, "group_size": group_size,
+                    "calib": calibration_key(calib), "n_samples": n_samples or default_n,
+                    "seq_len": seq_len or default_len}
+        return {"source": source, "settings": settings}
+
+    key = key_for(tier)
     folder = folder_for(key)
+    if auto and not rebuild and not (folder.exists() and verify(folder, key) is None):
+        # A folder the user made with `parley quantize --method ...` serves a first run: the best one there is.
+        for other in (t for t in TIERS if t != tier):
+            other_key = key_for(other)
+            if folder_for(other_key).exists() and verify(folder_for(other_key), other_key) is None:
+                key, folder, tier = other_key, folder_for(other_key), other
+                break
     result = ModelFiles(ref=f"{files.ref} (AWQ INT4)", kind="dir", path=folder, repo_id=files.repo_id,
                         revision=files.revision)
     if folder.exists() and not rebuild and verify(folder, key) is None:
@@ -298,9 +311,15 @@ def ensure_quantized(files: ModelFiles, *, group_size: int = 128, calib: str | l
         code, why = _write_error(e)
         if code not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
             raise
+        from .stream import work_folder
+
+        work = work_folder(folder)
+        kept = sum(p.stat().st_size for p in work.iterdir() if p.is_file()) if work.is_dir() else 0
+        resume = (f"; the layers already done ({kept / 1e6:.0f} MB in {work}) are kept for the next run to resume "
+                  "from, delete that folder to free their space") if kept else ""
         raise ModelLoadError(
             f"{folder.parent}: cannot write the quantized model ({why}); free some space or make it "
-            f"writable, or set {CACHE_ENV} to a folder on another disk (nothing partial was kept)"
+            f"writable, or set {CACHE_ENV} to a folder on another disk (nothing partial was kept{resume})"
         ) from None
     return result
 

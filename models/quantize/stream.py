@@ -170,6 +170,11 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def read_tensor(path: Path, name: str) -> Tensor:
+    with safe_open(path, framework="pt") as f:
+        return f.get_tensor(name)
+
+
 def read_safetensors(path: Path) -> dict[str, Tensor]:
     with safe_open(path, framework="pt") as f:
         return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
@@ -270,7 +275,7 @@ def quantize_layers(files: ModelFiles, config: ModelConfig, key: dict[str, Any],
         state.files["top.safetensors"] = save_atomic(_top_tensors(src, config, q, skeleton.inv_freq),
                                                      work / "top.safetensors")
         state.save(work)
-    top = read_safetensors(work / "top.safetensors")
+    top = work / "top.safetensors"
 
     down_rotation, down_block = None, 0
     if awq.hadamard_down:
@@ -288,7 +293,7 @@ def quantize_layers(files: ModelFiles, config: ModelConfig, key: dict[str, Any],
     elif state.layers_done:
         x = read_safetensors(work / f"x-{state.layers_done:05d}.safetensors")["x"].to(device)
     else:
-        x = _embed(top["embed_tokens.weight"], tokens, config).to(device=device, dtype=dtype)
+        x = _embed(read_tensor(top, "embed_tokens.weight"), tokens, config).to(device=device, dtype=dtype)
     others = torch.ones(len(tokens), dtype=torch.bool)
     others[awq_rows] = False
     times: list[float] = []
@@ -378,9 +383,18 @@ def _top_tensors(src: WeightSource, config: ModelConfig, q: Rotation | None, inv
         if not config.tie_embeddings:
             out["lm_head.weight"] = head
         return out
-    head = q.right(head.double() * norm.double()[None, :]).float()
-    out.update({"embed_tokens.weight": q.right(embed).float(), "norm.weight": torch.ones_like(norm),
-                "lm_head.weight": head})
+    out.update({"embed_tokens.weight": _rows_rotated(embed, q), "norm.weight": torch.ones_like(norm),
+                "lm_head.weight": _rows_rotated(head, q, norm)})
+    return out
+
+
+def _rows_rotated(w: Tensor, q: Rotation, scale: Tensor | None = None) -> Tensor:
+    """(w * scale) @ Q in fp32, a slice of rows at a time: a 128k-token embedding in float64 whole would be
+    several GB of intermediates."""
+    out = torch.empty(w.shape, dtype=torch.float32)
+    for i in range(0, w.shape[0], 8192):
+        part = w[i:i + 8192].double()
+        out[i:i + 8192] = q.right(part if scale is None else part * scale.double()[None, :]).float()
     return out
 
 
@@ -397,12 +411,15 @@ def _rotate_block(block: Block, q: Rotation) -> None:
     rotate_block(block, q)
 
 
-def _answers(x: Tensor, top: dict[str, Tensor], config: ModelConfig, top_k: int, dtype: torch.dtype,
+def _answers(x: Tensor, top: Path, config: ModelConfig, top_k: int, dtype: torch.dtype,
              chunk: int = 4) -> Targets:
     """The fp model's top-k log-probabilities from the activations after its last layer."""
     norm = RMSNorm(config.dim, config.norm_eps).to(x.device)
-    norm.weight.data = top["norm.weight"].to(x.device, torch.float32)
-    head = top.get("lm_head.weight", top["embed_tokens.weight"]).to(x.device)
+    norm.weight.data = read_tensor(top, "norm.weight").to(x.device, torch.float32)
+    with safe_open(top, framework="pt") as f:
+        names = set(f.keys())
+        head = f.get_tensor("lm_head.weight" if "lm_head.weight" in names else "embed_tokens.weight")
+    head = head.to(x.device)
     logps, indices = [], []
     for part in x.split(chunk):
         with torch.autocast(part.device.type, dtype=dtype, enabled=dtype != torch.float32):
