@@ -375,6 +375,24 @@ MUTANTS: list[Mutant] = [
            "        if documents and not checked:\n",
            "        if False:\n",
            ("tests/test_app_document_dropped_only_by_choice.py",)),
+    # -- the streaming quantizer (issue 32) --
+    Mutant("stream-resume-trusts-unhashed", "models/quantize/stream.py",
+           "if Path(str(name)).name != name or not path.is_file() or file_sha256(path) != digest:",
+           "if Path(str(name)).name != name or not path.is_file():",
+           ("tests/test_quantize_resumes_after_a_kill.py::test_a_damaged_layer_file_is_not_trusted",)),
+    Mutant("stream-state-before-layer-file", "models/quantize/stream.py",
+           "        state.files[layer_file(i)] = save_atomic(tensors, work / layer_file(i))\n",
+           "        state.files[layer_file(i)] = ''\n        state.save(work)\n"
+           "        state.files[layer_file(i)] = save_atomic(tensors, work / layer_file(i))\n",
+           ("tests/test_quantize_resumes_after_a_kill.py::test_a_half_written_layer_is_redone",)),
+    Mutant("stream-carried-rows-skip-the-layer", "models/quantize/stream.py",
+           "x_rest = run.block(block, x[others]) if bool(others.any()) else None",
+           "x_rest = x[others] if bool(others.any()) else None",
+           ("tests/test_quantize_answers_are_the_fp_models.py",)),
+    Mutant("stream-head-norm-not-folded", "models/quantize/stream.py",
+           '"lm_head.weight": _rows_rotated(head, q, norm)})',
+           '"lm_head.weight": _rows_rotated(head, q)})',
+           ("tests/test_quantize_answers_are_the_fp_models.py",)),
 ]
 
 

@@ -13,7 +13,10 @@ from parley.models.resolve import resolve
 
 def test_walk_answers_equal_the_whole_fp_models(tmp_path, monkeypatch):
     monkeypatch.setenv("PARLEY_CACHE_DIR", str(tmp_path / "cache"))
-    source = resolve(str(write_hf_dir(outlier_model(layers=2), tmp_path / "tiny")))
+    model = outlier_model(layers=2)
+    with torch.no_grad():  # a final norm that is not all ones: folding it into the head must show
+        model.norm.weight.copy_(1 + 0.5 * torch.randn(model.config.dim, generator=torch.Generator().manual_seed(1)))
+    source = resolve(str(write_hf_dir(model, tmp_path / "tiny")))
     config = load_config(source)
     gen = torch.Generator().manual_seed(5)
     tokens = torch.randint(0, config.vocab_size, (6, 24), generator=gen)
