@@ -116,8 +116,13 @@ def tier_settings(tier: str, group_size: int, device: torch.device) -> AWQSettin
     if tier == "full":
         return awq
     awq = dataclasses.replace(awq, distill=None)
+    cpu = device.type != "cuda"
+    if tier == "gptq" and cpu:  # the block-output search runs every alpha on this many sequences
+        awq = dataclasses.replace(awq, search_samples=2)
     if tier in ("awq", "rtn"):
         awq = dataclasses.replace(awq, gptq=False, refit_scales=False)
+    if tier == "awq" and cpu:  # a coarse search: one sequence, 5 alphas, 5 clipping ranges (each end)
+        awq = dataclasses.replace(awq, search_samples=1, alpha_grid=5, n_grid=10)
     if tier == "rtn":
         awq = dataclasses.replace(awq, awq_scales=False, clip=False, clip_qk=False)
     return awq

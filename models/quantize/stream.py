@@ -20,7 +20,6 @@ tier leaves it out (`tiers.py`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -42,20 +41,13 @@ from ..resolve import ModelFiles, weight_files
 from ..transformer import Block, RMSNorm, Transformer, is_norm_weight
 from . import hadamard
 from .awq import AWQSettings, LayerRunner, awq_layer, model_group_size
+from .cache import file_sha256
 from .distill import Targets
 from .int4_linear import Int4Linear
 from .rotate import ROTATABLE_ARCHS, Rotation
 
 STATE = "state.json"
 WORK_FORMAT = 1
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class WeightSource:
