@@ -275,7 +275,7 @@ def ensure_quantized(files: ModelFiles, *, group_size: int = 128, calib: str | l
     device = torch.device(device) if device is not None else torch.device(
         "cuda" if torch.cuda.is_available() else "cpu")
     auto = method in (None, "auto")
-    tier = choose_tier(config, device.type) if auto else str(method)
+    tier = choose_tier(config, device.type, fast_cpu_bf16()) if auto else str(method)
     source = source_identity(files)
 
     def key_for(tier: str) -> dict[str, Any]:
