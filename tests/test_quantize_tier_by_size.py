@@ -1,6 +1,5 @@
-"""A first run's method is chosen by size and device: the full method for the embedded 135M model, round to
-nearest for 1B and 8B shapes on a CPU without bf16 dot products (the only tier that keeps their first run
-within minutes there), AWQ up to 2B where the CPU multiplies bf16, and the full method at every size on a GPU."""
+"""A first run's method is chosen by size and device: the full method for the embedded 135M model, AWQ (no
+GPTQ, no distillation) for 1B and 8B shapes on a CPU, and the full method at every size on a GPU."""
 
 from parley.models.config import ModelConfig
 from parley.models.quantize.tiers import choose_tier, decoder_params
@@ -19,6 +18,6 @@ def test_decoder_parameters_of_real_shapes():
 
 
 def test_tiers_by_size_and_device():
-    assert [choose_tier(c, "cpu") for c in (SMOL, LLAMA_1B, LLAMA_8B)] == ["full", "rtn", "rtn"]
-    assert [choose_tier(c, "cpu", fast_bf16=True) for c in (SMOL, LLAMA_1B, LLAMA_8B)] == ["full", "awq", "rtn"]
+    assert [choose_tier(c, "cpu") for c in (SMOL, LLAMA_1B, LLAMA_8B)] == ["full", "awq", "awq"]
+    assert [choose_tier(c, "cpu", fast_bf16=True) for c in (SMOL, LLAMA_1B, LLAMA_8B)] == ["full", "awq", "awq"]
     assert [choose_tier(c, "cuda") for c in (SMOL, LLAMA_1B, LLAMA_8B)] == ["full"] * 3

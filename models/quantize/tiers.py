@@ -21,11 +21,11 @@ TIERS = {
 CPU_CALIBRATION = {"full": (32, 256), "gptq": (16, 256), "awq": (8, 256), "rtn": (1, 16)}
 
 # Above this many decoder parameters a CPU first run takes the next tier down. Measured on the Llama-3.2-1B shape
-# (2-core AVX2 machine, fp32 search, one layer of 61M parameters): rtn 25 CPU-s a layer, awq 162 CPU-s, so
-# only rtn keeps a 1B first run within minutes there (16 layers: ~7 min of CPU), and an 8B one within the hour.
-# Where the CPU multiplies bf16 natively the searches run ~4x faster, and awq is kept up to 2B.
-CPU_TIER_LIMITS = (("full", 0.5e9),)
-CPU_BF16_TIER_LIMITS = (("full", 0.5e9), ("awq", 2.0e9))
+# (2-core AVX2 machine, fp32 search, one layer of 61M parameters): rtn 25 CPU-s a layer, awq 162 CPU-s. rtn
+# would keep a 1B first run within minutes, but as the engine runs it the rtn tier measured +83% perplexity on
+# the embedded model (awq's search is what makes INT4 usable), so auto does not choose it: awq above 0.5B.
+CPU_TIER_LIMITS = (("full", 0.5e9), ("awq", float("inf")))
+CPU_BF16_TIER_LIMITS = CPU_TIER_LIMITS
 
 
 def decoder_params(config: Any) -> float:
