@@ -121,15 +121,16 @@ class EngineLifecycle:
 
     @staticmethod
     def _throttled(show: Callable[[Progress], None], ui: App) -> ProgressFn:
-        """Progress from a worker thread, at most ~10 a second but never dropping a new stage or an end."""
-        last, last_stage = 0.0, ""
+        """Progress from a worker thread, at most ~10 a second but never dropping a new stage, a new count (the
+        quantizer's second pass counts steps after its layers) or an end."""
+        last, last_kind = 0.0, ("", "")
 
         def progress(p: Progress) -> None:
-            nonlocal last, last_stage
+            nonlocal last, last_kind
             now = time.monotonic()
             finished = bool(p.total) and p.done >= p.total
-            if now - last >= PROGRESS_INTERVAL_S or finished or p.stage != last_stage:
-                last, last_stage = now, p.stage
+            if now - last >= PROGRESS_INTERVAL_S or finished or (p.stage, p.unit) != last_kind:
+                last, last_kind = now, (p.stage, p.unit)
                 to_ui(ui, show, p)
 
         return progress

@@ -490,7 +490,7 @@ def load_8b(run: Run) -> dict:
         os.environ["PARLEY_CACHE_DIR"] = tmp
         try:
             start = time.monotonic()
-            src = rw.checkpoint(shape)
+            src = rw.checkpoint(shape, tokenizer=False)
             write_s = time.monotonic() - start
             nbytes = sum(f.stat().st_size for f in src.glob("*.safetensors"))
             reset_peak(run)

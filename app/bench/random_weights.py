@@ -93,7 +93,8 @@ def _shards(config) -> Iterator[tuple[str, Callable[[], Iterator[tuple[str, torc
     yield f"model-{n:05d}-of-{n:05d}.safetensors", last
 
 
-def _write_folder(out: Path, config_json: dict, shards: Iterator[tuple[str, dict[str, torch.Tensor]]]) -> Path:
+def _write_folder(out: Path, config_json: dict, shards: Iterator[tuple[str, dict[str, torch.Tensor]]],
+                  tokenizer: bool = True) -> Path:
     """A sharded safetensors folder written shard by shard into a temporary folder renamed at the end."""
     from safetensors.torch import save_file
 
@@ -106,7 +107,8 @@ def _write_folder(out: Path, config_json: dict, shards: Iterator[tuple[str, dict
         weight_map.update(dict.fromkeys(tensors, file))
     (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     (tmp / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
-    _tokenizer(tmp)
+    if tokenizer:
+        _tokenizer(tmp)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out
@@ -122,16 +124,19 @@ def _tokenizer(folder: Path) -> None:
         tokenizer_files(resolve(None), folder)
 
 
-def checkpoint(shape: str, log: Callable[[str], None] = lambda s: None) -> Path:
-    """The bf16 safetensors checkpoint of `shape` (written on first use, one layer in memory at a time)."""
+def checkpoint(shape: str, log: Callable[[str], None] = lambda s: None, tokenizer: bool = True) -> Path:
+    """The bf16 safetensors checkpoint of `shape` (written on first use, one layer in memory at a time).
+    `tokenizer=False` leaves out the embedded model's tokenizer files (a GPU check's bare machine has no
+    embedded model and loads weights only)."""
     out = root(shape) / "bf16"
     if (out / "config.json").is_file():
-        _tokenizer(out)
+        if tokenizer:
+            _tokenizer(out)
         return out
     config = shape_config(shape)
     log(f"writing random bf16 weights of {shape} to {out}")
     hf = {**config.to_hf(), "torch_dtype": "bfloat16"}
-    return _write_folder(out, hf, ((file, dict(tensors())) for file, tensors in _shards(config)))
+    return _write_folder(out, hf, ((file, dict(tensors())) for file, tensors in _shards(config)), tokenizer)
 
 
 def _read(folder: Path) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
