@@ -117,7 +117,7 @@ class Engine:
 
             config = load_config(files)
             if not config.quantization:  # an AWQ folder's linears are INT4 whatever dtype its other tensors get
-                dtype = weights_dtype(config, dev, str(files.path))
+                dtype = weights_dtype(config, dev, str(files.path), files)
         model = load_model(files, dtype=dtype, device=dev, progress=progress, name=name, gguf_int4=imported)
         if imported is not None:
             quantization = f"gguf-int4:{imported.words()}"

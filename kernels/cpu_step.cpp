@@ -65,12 +65,14 @@ static inline void prof_start() {}
 static inline void prof_phase(int) {}
 #endif
 
-enum { W_Q4 = 0, W_F32 = 1, W_Q8 = 2 };
+enum { W_Q4 = 0, W_F32 = 1, W_Q8 = 2, W_BF16 = 3 };
 enum { KV_F32 = 0, KV_BF16 = 1, KV_INT8 = 2, KV_K8V4 = 3 };
 
 // A linear layer y = x W^T (+ bias). Q4: 4-bit q with w = (q - z) * s per group of `group` inputs, s fp16
 // (the checkpoint's own scales, bits in s16) and z uint8, in the column-block layout described at
-// q4_block. Q8 (output head): int8 with one fp32 scale per output column in s. F32: w [N][K].
+// q4_block. Q8 (output head): int8 with one fp32 scale per output column in s. F32: w [N][K]. BF16: w [N][K]
+// as bf16 bits (a bf16 checkpoint held as it is stored), widened to fp32 as it is read: the F32 product's
+// arithmetic on the same values, at half the bytes.
 // act_block: the block of inputs its activations are quantized in, 64 or 32 (Q4; the packer's choice, see
 // `lin_block`); the int8 head always reads 32.
 struct Lin {
@@ -121,6 +123,7 @@ struct Model {
     float embed_scale;       // embeddings times this (Gemma: sqrt(dim)); 0: not scaled
     float attn_scale;        // softmax scale of q.k; 0: 1/sqrt(head_dim)
     int32_t act;             // the MLP's gate activation: 0 SiLU (SwiGLU), 1 tanh-approximated GELU (GeGLU)
+    int32_t embed_bf16;      // embed holds bf16 bits (a bf16 model's table, widened row by row), else fp32
 };
 
 // One layer's cache, [KVH][L][D] per tensor. int8: value = q * scale[kvh][pos]. k8v4: V packed as bytes
@@ -282,6 +285,11 @@ struct Act {  // rows of K inputs; which K and block size a product reads is its
 
 // The activation block a product reads: 32 for the int8 head and INT4 products packed so, else 64.
 static inline int lin_block(const Lin* L) { return L->kind == 2 /* W_Q8 */ || L->act_block == 32 ? 32 : 64; }
+// Products that read 8-bit activations (INT4 and the int8 head); F32 and BF16 read the fp32 rows themselves.
+static inline bool quantized(const Lin* L) { return L->kind == 0 /* W_Q4 */ || L->kind == 2 /* W_Q8 */; }
+// Float products (F32, BF16) keep gate and up as two halves [gate; up] (each module's rows, read in place);
+// the INT4 packer interleaves them by 16 columns.
+static inline bool split_gate_up(const Lin* L) { return !quantized(L); }
 
 static void quantize_row(const float* x, int K, int bs, const Act* a, int m) {
     const int nv = bs / 16;
@@ -616,7 +624,11 @@ static inline void q8_pair(const Lin* L, int nb, const Act* a, int m0, float* y,
     }
 }
 
-template <int R, int C>
+static inline __m512 load_bf16x16(const uint16_t* p) {  // 16 bf16 -> fp32, exact
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+template <int R, int C, bool BF16 = false>
 static inline void f32_tile(const Lin* L, int n0, const float* x, int m0, float* y, int ldy) {
     const int K = L->K;
     __m512 acc[R][C];
@@ -624,7 +636,9 @@ static inline void f32_tile(const Lin* L, int n0, const float* x, int m0, float*
         for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
     for (int k = 0; k < K; k += 16) {
         __m512 w[C];
-        for (int c = 0; c < C; c++) w[c] = _mm512_loadu_ps(L->w + (size_t)(n0 + c) * K + k);
+        for (int c = 0; c < C; c++)
+            w[c] = BF16 ? load_bf16x16((const uint16_t*)L->w + (size_t)(n0 + c) * K + k)
+                        : _mm512_loadu_ps(L->w + (size_t)(n0 + c) * K + k);
         for (int r = 0; r < R; r++) {
             __m512 xv = _mm512_loadu_ps(x + (size_t)(m0 + r) * K + k);
             for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(w[c], xv, acc[r][c]);
@@ -687,7 +701,12 @@ static void q8_col_scalar(const Lin* L, int n, const Act* a, int m, float* y, in
 
 static void f32_col_scalar(const Lin* L, int n, const float* x, int m, float* y, int ldy) {
     float acc = 0.0f;
-    for (int k = 0; k < L->K; k++) acc += L->w[(size_t)n * L->K + k] * x[(size_t)m * L->K + k];
+    if (L->kind == W_BF16) {
+        const uint16_t* w = (const uint16_t*)L->w + (size_t)n * L->K;
+        for (int k = 0; k < L->K; k++) acc += bf16_to_f32(w[k]) * x[(size_t)m * L->K + k];
+    } else {
+        for (int k = 0; k < L->K; k++) acc += L->w[(size_t)n * L->K + k] * x[(size_t)m * L->K + k];
+    }
     if (L->bias) acc += L->bias[n];
     y[(size_t)m * ldy + n] = acc;
 }
@@ -728,11 +747,19 @@ static inline void quant_block(const Lin* L, int nb, int nblocks, const Act* a, 
 #endif
 
 
-// y [M][N] = x [M][K] W^T. `a` holds x quantized (Q4/Q8); `x` is read by F32. Inside a parallel region.
+// y [M][N] = x [M][K] W^T. `a` holds x quantized (Q4/Q8); `x` is read by F32 and BF16. Inside a parallel region.
+template <bool BF16>
+static void float_linear(const Lin* L, int M, const float* x, float* y);
+
 static void linear(const Lin* L, int M, const float* x, const Act* a, float* y) {
     const int N = L->N;
 #if PARLEY_VNNI
-    if (L->kind != W_F32) {
+    if (L->kind == W_F32 || L->kind == W_BF16) {
+        if (L->kind == W_BF16) float_linear<true>(L, M, x, y);
+        else float_linear<false>(L, M, x, y);
+        return;
+    }
+    {
         // Work items: (chunk of up to 64 positions, cw 16-column blocks: two for INT4 in blocks of 64 and the
         // int8 head, see q4_pair), chunk-major, so that a long pass (prefill) keeps one chunk's activations in L2 while each
         // thread's weight blocks cycle, instead of streaming all its positions' activations again for every block.
@@ -757,21 +784,6 @@ static void linear(const Lin* L, int M, const float* x, const Act* a, float* y) 
                 }
             }
         }
-        return;
-    }
-    const int C = 4;
-    const int ntiles = (N + C - 1) / C;
-#pragma omp for schedule(static) PARLEY_NOWAIT
-    for (int t = 0; t < ntiles; t++) {
-        const int n0 = t * C;
-        if (n0 + C > N) {  // ragged last columns: one at a time, the same arithmetic per column
-            for (int n = n0; n < N; n++)
-                for (int m = 0; m < M; m++) f32_tile<1, 1>(L, n, x, m, y, N);
-            continue;
-        }
-        int m = 0;
-        for (; m + 4 <= M; m += 4) f32_tile<4, 4>(L, n0, x, m, y, N);
-        for (; m < M; m++) f32_tile<1, 4>(L, n0, x, m, y, N);
     }
 #else
 #pragma omp for schedule(static) PARLEY_NOWAIT
@@ -783,6 +795,28 @@ static void linear(const Lin* L, int M, const float* x, const Act* a, float* y) 
         }
 #endif
 }
+
+#if PARLEY_VNNI
+// F32 / BF16 weights: tiles of 4 positions x 4 columns, each column's sum in one fixed order (16 lanes, then
+// the lanes' sum), so a position's outputs do not depend on the pass.
+template <bool BF16>
+static void float_linear(const Lin* L, int M, const float* x, float* y) {
+    const int N = L->N, C = 4;
+    const int ntiles = (N + C - 1) / C;
+#pragma omp for schedule(static) PARLEY_NOWAIT
+    for (int t = 0; t < ntiles; t++) {
+        const int n0 = t * C;
+        if (n0 + C > N) {  // ragged last columns: one at a time, the same arithmetic per column
+            for (int n = n0; n < N; n++)
+                for (int m = 0; m < M; m++) f32_tile<1, 1, BF16>(L, n, x, m, y, N);
+            continue;
+        }
+        int m = 0;
+        for (; m + 4 <= M; m += 4) f32_tile<4, 4, BF16>(L, n0, x, m, y, N);
+        for (; m < M; m++) f32_tile<1, 4, BF16>(L, n0, x, m, y, N);
+    }
+}
+#endif
 
 // ---------------------------------------------------------------------------------------------------
 // the KV cache: write the new positions in the stored form, then attend reading that form
@@ -1603,11 +1637,14 @@ static void attend_merge(int KVH, int G, int D, int window, int p, int nblk, con
         attend_combine(parts + ((size_t)h * nblk + b0) * part_stride, b1 - b0 + 1, G, D, out + (size_t)h * G * D);
 }
 
-// out[j] = silu(gate[j]) * up[j] from the gate/up product interleaved by 16 columns.
-static void silu_mul_row(const float* r, int I, float* out) {
+// out[j] = silu(gate[j]) * up[j] from the gate/up product: interleaved by 16 columns, or (`split`) the gate's I
+// columns then the up's.
+static void silu_mul_row(const float* r, int I, float* out, bool split) {
 #if PARLEY_VNNI
     for (int b = 0; b < I / 16; b++) {
-        __m512 g = _mm512_loadu_ps(r + b * 32), u = _mm512_loadu_ps(r + b * 32 + 16);
+        const float* gp = split ? r + b * 16 : r + b * 32;
+        const float* up = split ? r + I + b * 16 : r + b * 32 + 16;
+        __m512 g = _mm512_loadu_ps(gp), u = _mm512_loadu_ps(up);
         __m512 e = exp512(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), g), _mm512_set1_ps(87.0f)));
         __m512 sg = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
         _mm512_storeu_ps(out + b * 16, _mm512_mul_ps(sg, u));
@@ -1615,18 +1652,18 @@ static void silu_mul_row(const float* r, int I, float* out) {
 #else
     for (int j = 0; j < I; j++) {
         const int blk = j / 16, off = j % 16;
-        float g = r[blk * 32 + off], u = r[blk * 32 + 16 + off];
+        float g = split ? r[j] : r[blk * 32 + off], u = split ? r[I + j] : r[blk * 32 + 16 + off];
         float e = exp_scalar(std::fmin(-g, 87.0f));
         out[j] = g / (1.0f + e) * u;
     }
 #endif
 }
 
-// out[j] = gelu_tanh(gate[j]) * up[j] (Gemma's GeGLU), same layout; PyTorch's tanh approximation.
-static void gelu_mul_row(const float* r, int I, float* out) {
+// out[j] = gelu_tanh(gate[j]) * up[j] (Gemma's GeGLU), same layouts; PyTorch's tanh approximation.
+static void gelu_mul_row(const float* r, int I, float* out, bool split) {
     for (int j = 0; j < I; j++) {
         const int blk = j / 16, off = j % 16;
-        const float g = r[blk * 32 + off], u = r[blk * 32 + 16 + off];
+        const float g = split ? r[j] : r[blk * 32 + off], u = split ? r[I + j] : r[blk * 32 + 16 + off];
         const float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);
         out[j] = 0.5f * g * (1.0f + std::tanh(inner)) * u;
     }
@@ -1831,7 +1868,7 @@ extern "C" int parley_linear(const Lin* L, int M, const float* x, float* y) {
 #pragma omp parallel
     {
         prof_start();
-        if (L->kind != W_F32) quantize_acts(x, M, L->K, lin_block(L), &a);
+        if (quantized(L)) quantize_acts(x, M, L->K, lin_block(L), &a);
         prof_phase(PH_HEAD_QUANT);
         linear(L, M, x, &a, y);
         prof_phase(PH_HEAD);
@@ -1954,7 +1991,12 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
     const float scale = md->attn_scale > 0 ? md->attn_scale : 1.0f / std::sqrt((float)D);
 
     for (int m = 0; m < M; m++) {
-        std::memcpy(x + (size_t)m * dim, md->embed + (size_t)tokens[m] * dim, dim * 4);
+        if (md->embed_bf16) {
+            const uint16_t* e = (const uint16_t*)md->embed + (size_t)tokens[m] * dim;
+            for (int i = 0; i < dim; i++) x[(size_t)m * dim + i] = bf16_to_f32(e[i]);
+        } else {
+            std::memcpy(x + (size_t)m * dim, md->embed + (size_t)tokens[m] * dim, dim * 4);
+        }
         if (md->embed_scale != 0.0f)
             for (int i = 0; i < dim; i++) x[(size_t)m * dim + i] *= md->embed_scale;
     }
@@ -1976,7 +2018,7 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
             if (l > 0)
                 for (int i = 0; i < nr * dim; i++) x[(size_t)m0 * dim + i] += tmp[(size_t)m0 * dim + i];
             rmsnorm_rows(x + (size_t)m0 * dim, L->attn_norm, xn + (size_t)m0 * dim, nr, dim, md->eps);
-            if (L->qkv.kind != W_F32)
+            if (quantized(&L->qkv))
                 for (int m = m0; m < m0 + nr; m++) quantize_row(xn + (size_t)m * dim, dim, lin_block(&L->qkv), &a, m);
         }
         prof_phase(PH_NORM);
@@ -2005,7 +2047,7 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
         for (int m = 0; m < M; m++) {  // merge the blocks, then quantize for the output projection
             attend_merge(KVH, G, D, L->window, (int)positions[m], nblk, parts + (size_t)m * KVH * nblk * part_stride,
                          att + (size_t)m * H * D);
-            if (L->o.kind != W_F32) quantize_row(att + (size_t)m * H * D, H * D, lin_block(&L->o), &a, m);
+            if (quantized(&L->o)) quantize_row(att + (size_t)m * H * D, H * D, lin_block(&L->o), &a, m);
         }
         prof_phase(PH_MERGE);
         linear(&L->o, M, att, &a, tmp);
@@ -2017,7 +2059,7 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
             if (L->post_attn_norm) rmsnorm_rows(t, L->post_attn_norm, t, nr, dim, md->eps);
             for (int i = 0; i < nr * dim; i++) x[(size_t)m0 * dim + i] += t[i];
             rmsnorm_rows(x + (size_t)m0 * dim, L->ffn_norm, xn + (size_t)m0 * dim, nr, dim, md->eps);
-            if (L->gate_up.kind != W_F32)
+            if (quantized(&L->gate_up))
                 for (int m = m0; m < m0 + nr; m++) quantize_row(xn + (size_t)m * dim, dim, lin_block(&L->gate_up), &a, m);
         }
         prof_phase(PH_NORM2);
@@ -2025,10 +2067,11 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
         prof_phase(PH_GATE_UP);
 #pragma omp for schedule(static) PARLEY_NOWAIT
         for (int m = 0; m < M; m++) {  // SiLU(gate) * up (or GeGLU), undoing the 16-column interleave, then quantized
-            if (md->act == 1) gelu_mul_row(gu + (size_t)m * 2 * I, I, xn + (size_t)m * I);
-            else silu_mul_row(gu + (size_t)m * 2 * I, I, xn + (size_t)m * I);
+            const bool split = split_gate_up(&L->gate_up);
+            if (md->act == 1) gelu_mul_row(gu + (size_t)m * 2 * I, I, xn + (size_t)m * I, split);
+            else silu_mul_row(gu + (size_t)m * 2 * I, I, xn + (size_t)m * I, split);
             if (L->down_diag) hadamard_row(xn + (size_t)m * I, I, L->down_diag, L->down_block);
-            if (L->down.kind != W_F32)
+            if (quantized(&L->down))
                 quantize_row(xn + (size_t)m * I, I, lin_block(&L->down), &a, m);
         }
         prof_phase(PH_SILU);
@@ -2050,7 +2093,7 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
 #pragma omp parallel
     {
         prof_start();
-        if (md->head.kind != W_F32)
+        if (quantized(&md->head))
             quantize_acts(xn, rows, dim, lin_block(&md->head), &a);
         prof_phase(PH_HEAD_QUANT);
         linear(&md->head, rows, xn, &a, logits);
@@ -2117,6 +2160,7 @@ static const FieldLayout parley_layout_table[] = {
     PARLEY_FIELD(Model, final_norm), PARLEY_FIELD(Model, rope_cos), PARLEY_FIELD(Model, rope_sin),
     PARLEY_FIELD(Model, max_pos), PARLEY_FIELD(Model, head), PARLEY_FIELD(Model, layers),
     PARLEY_FIELD(Model, embed_scale), PARLEY_FIELD(Model, attn_scale), PARLEY_FIELD(Model, act),
+    PARLEY_FIELD(Model, embed_bf16),
     PARLEY_STRUCT(KV), PARLEY_FIELD(KV, k), PARLEY_FIELD(KV, v), PARLEY_FIELD(KV, ks), PARLEY_FIELD(KV, vs),
     PARLEY_FIELD(KV, vm),
     PARLEY_STRUCT(Cache), PARLEY_FIELD(Cache, kind), PARLEY_FIELD(Cache, max_len), PARLEY_FIELD(Cache, layers),

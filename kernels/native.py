@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_step.cpp")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC",
          "-std=c++17"]
-W_Q4, W_F32, W_Q8 = 0, 1, 2
+W_Q4, W_F32, W_Q8, W_BF16 = 0, 1, 2, 3
 KV_KINDS = {"fp": 0, "bf16": 1, "int8": 2, "k8v4": 3}
 
 _lock = threading.Lock()
@@ -62,7 +62,8 @@ class Model(ctypes.Structure):
                 ("vocab", ctypes.c_int32), ("eps", ctypes.c_float), ("embed", ctypes.c_void_p),
                 ("final_norm", ctypes.c_void_p), ("rope_cos", ctypes.c_void_p), ("rope_sin", ctypes.c_void_p),
                 ("max_pos", ctypes.c_int32), ("head", Lin), ("layers", ctypes.POINTER(Layer)),
-                ("embed_scale", ctypes.c_float), ("attn_scale", ctypes.c_float), ("act", ctypes.c_int32)]
+                ("embed_scale", ctypes.c_float), ("attn_scale", ctypes.c_float), ("act", ctypes.c_int32),
+                ("embed_bf16", ctypes.c_int32)]
 
 
 class KV(ctypes.Structure):

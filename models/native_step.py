@@ -72,8 +72,8 @@ class NativeStep:
         """
         if os.environ.get("PARLEY_NATIVE", "1") == "0":
             raise NativeUnavailable("PARLEY_NATIVE=0")
-        if model.norm.weight.device.type != "cpu" or model.norm.weight.dtype != torch.float32:
-            raise NativeUnavailable("the native step runs fp32 models on the CPU")
+        if model.norm.weight.device.type != "cpu" or model.norm.weight.dtype not in (torch.float32, torch.bfloat16):
+            raise NativeUnavailable("the native step runs fp32 and bf16 models on the CPU")
         lib = native.load()
         if lib is None:
             raise NativeUnavailable(native.why_unavailable() or "the native library did not load")
@@ -137,8 +137,9 @@ class NativeStep:
             progress(Progress("load", c.n_layers, c.n_layers, "layer", "preparing the CPU step: done"))
         self.layers = layers
         head_w = model.embed_tokens.weight if c.tie_embeddings else model.lm_head.weight
-        if not isinstance(head_w, Tensor) or head_w.dtype != torch.float32:
-            raise ValueError("the native step needs the output head as an fp32 weight")
+        if not isinstance(head_w, Tensor) or head_w.dtype != torch.float32 and (head_bits != 32 or
+                                                                               head_w.dtype != torch.bfloat16):
+            raise ValueError("the native step needs the output head as an fp32 weight (or bf16, unquantized)")
         if head_bits == 8:
             if c.dim % 64:
                 raise ValueError(f"the native head needs a hidden size divisible by 64, not {c.dim}")
@@ -156,24 +157,29 @@ class NativeStep:
                               "s16": ((Np // 16, G, 16), torch.int16), "z": ((Np // 16, G, 16), torch.uint8)})
             head = native.lin(native.W_Q4, c.vocab_size, c.dim, HEAD_GROUP, q=self._keep(h["q"]),
                               s16=self._keep(h["s16"]), z=self._keep(h["z"]))
-        else:
-            head = native.lin(native.W_F32, c.vocab_size, c.dim, w=self._keep(head_w.detach().contiguous()))
+        else:  # unquantized: the weight as held, fp32 or bf16
+            kind = native.W_BF16 if head_w.dtype == torch.bfloat16 else native.W_F32
+            head = native.lin(kind, c.vocab_size, c.dim, w=self._keep(head_w.detach().contiguous()))
         self.head_bits = head_bits
         # What a decode step reads: every layer and head weight once, plus one embedding row.
         embed = model.embed_tokens.weight
         self.weight_bytes = sum(t.numel() * t.element_size() for t in self.keep
-                                if t.data_ptr() != embed.data_ptr()) + c.dim * 4
-        if head_bits == 32 and c.tie_embeddings:  # the fp32 head is the embedding itself, skipped above
-            self.weight_bytes += embed.numel() * 4
+                                if t.data_ptr() != embed.data_ptr()) + c.dim * embed.element_size()
+        if head_bits == 32 and c.tie_embeddings:  # the unquantized head is the embedding itself, skipped above
+            self.weight_bytes += embed.numel() * embed.element_size()
         cos, sin = self._rope_table(c.max_seq_len, model.inv_freq)
         if hasattr(model, "inv_freq_local"):  # Gemma 3's sliding layers rotate with their own base
             local = self._rope_table(c.max_seq_len, model.inv_freq_local)
             for i in range(c.n_layers):
                 if c.layer_windows[i]:
                     layers[i].rope_cos, layers[i].rope_sin = local
+        # A bf16 model's embedding is read as it is held (each looked-up row widened), not copied to fp32.
+        embed_bf16 = embed.dtype == torch.bfloat16
+        embed_ptr = self._keep(embed.detach().contiguous()).data_ptr() if embed_bf16 else self._ptr(embed)
         self.md = native.Model(c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.intermediate_size,
-                               c.vocab_size, c.norm_eps, self._ptr(model.embed_tokens.weight),
-                               self._ptr(model.norm.weight), cos, sin, c.max_seq_len, head, layers)
+                               c.vocab_size, c.norm_eps, embed_ptr, self._ptr(model.norm.weight), cos, sin,
+                               c.max_seq_len, head, layers)
+        self.md.embed_bf16 = int(embed_bf16)
         # sqrt(dim) rounded to fp32 first, as Transformer.embed does
         self.md.embed_scale = float(torch.tensor(c.dim ** 0.5, dtype=torch.float32)) if c.embed_scale else 0.0
         self.md.attn_scale = c.query_scale
@@ -267,19 +273,21 @@ class NativeStep:
                               s16=self._keep(packed["s16"]), z=self._keep(packed["z"]), bias=bias, act_block=act_block,
                               m16=self._keep(packed["m16"]) if with_mins else None)
         if all(isinstance(m, nn.Linear) for m in mods):
-            ws = [m.weight.detach().float() for m in mods]
-            w = _interleave16(ws[0], ws[1], 0) if interleave else torch.cat(ws, dim=0) if len(ws) > 1 else ws[0]
-            w = self._keep(w.contiguous())
-            if not interleave and len(mods) > 1:  # the modules read the fused copy: fp32 weights held once
+            # Unquantized weights as held: fp32, or bf16 (a bf16 checkpoint, widened as the product reads it).
+            # Fused linears are concatenated, gate/up too (the float products read [gate; up] halves, not the INT4
+            # packer's interleave), and the modules then read their rows of the fused copy: weights held once.
+            bf16 = all(m.weight.dtype == torch.bfloat16 for m in mods)
+            ws = [m.weight.detach() if bf16 else m.weight.detach().float() for m in mods]
+            w = self._keep((torch.cat(ws, dim=0) if len(ws) > 1 else ws[0]).contiguous())
+            if len(mods) > 1:
                 rows = 0
                 for m in mods:
                     m.weight = nn.Parameter(w[rows:rows + m.out_features], requires_grad=m.weight.requires_grad)
                     rows += m.out_features
             bias = None
             if mods[0].bias is not None:
-                bs = [m.bias.detach().float() for m in mods]
-                bias = self._keep((_interleave16(bs[0], bs[1], 0) if interleave else torch.cat(bs)).contiguous())
-            return native.lin(native.W_F32, w.shape[0], w.shape[1], w=w, bias=bias)
+                bias = self._keep(torch.cat([m.bias.detach().float() for m in mods]).contiguous())
+            return native.lin(native.W_BF16 if bf16 else native.W_F32, w.shape[0], w.shape[1], w=w, bias=bias)
         raise ValueError(f"the native step takes INT4 or fp32 nn.Linear layers, not {type(mods[0]).__name__}")
 
     def _cache(self, cache: KVCache) -> native.Cache:

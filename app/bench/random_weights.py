@@ -323,7 +323,7 @@ def random_engine(shape: str, quant: str, device: str | None, kv_cache: str = "a
     folder = int4_folder(shape, log=log) if quant == "awq" else checkpoint(shape, log)
     files = ModelFiles(ref=str(folder), kind="dir", path=folder)
     int4_dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32  # the embedding's and the norms'
-    dtype = int4_dtype if quant == "awq" else weights_dtype(shape_config(shape), dev, str(folder))
+    dtype = int4_dtype if quant == "awq" else weights_dtype(shape_config(shape), dev, str(folder), files)
     model = load_model(files, dtype=dtype, device=dev)
     step = prepare_for_device(model, native=native)
     return Engine(model, tokenizer, name=f"random-{shape}", quantization="rtn-int4" if quant == "awq" else "none",
