@@ -356,7 +356,8 @@ MUTANTS: list[Mutant] = [
            "if available is None or need + HEADROOM <= available:", "if True:",
            ("tests/test_quant_none_weights_fit.py",)),
     Mutant("quant-none-dtype-unused", "engine/engine.py",
-           "dtype = weights_dtype(config, dev, str(files.path), files)", "weights_dtype(config, dev, str(files.path), files)",
+           "dtype = weights_dtype(config, dev, str(files.path), files)",
+           "weights_dtype(config, dev, str(files.path), files)",
            ("tests/test_quant_none_weights_fit.py",)),
     # -- issue 37: every route to the same weights finds the same INT4 folder --
     Mutant("quant-key-holds-the-name", "models/quantize/cache.py",

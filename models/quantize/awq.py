@@ -302,6 +302,12 @@ def fold_scale(group: ScaleGroup, s: Tensor) -> None:
     group.x = group.x / s.to(group.x.dtype)  # the input the clipping search will see
 
 
+# Rows of a weight the clipping search takes at a time: each candidate range is a dozen passes over them, so
+# they should stay in cache (about 2 MB of fp32: 256 rows of 2,048 inputs measured ~2x faster than 4,096 rows
+# on a 1B layer; every row's result is its own, whatever the slice).
+CLIP_BYTES = 2 << 20
+
+
 @torch.no_grad()
 def search_clip(w: Tensor, h: Tensor, group_size: int, settings: AWQSettings) -> tuple[Tensor, Tensor]:
     """Per (output row, input group) the clipping range that minimises the mean squared error of that
@@ -317,7 +323,7 @@ def search_clip(w: Tensor, h: Tensor, group_size: int, settings: AWQSettings) ->
     n_groups = in_f // group_size
     c = group_blocks(h.float(), group_size)  # [G, g, g]
     lows, highs = [], []
-    for rows in w.float().split(4096):
+    for rows in w.float().split(max(16, CLIP_BYTES // (4 * in_f))):
         wg = rows.reshape(rows.shape[0], n_groups, group_size)
         w_min, w_max = wg.amin(-1), wg.amax(-1)  # [rows, G]
         w_abs = torch.maximum(w_max, -w_min)

@@ -64,10 +64,25 @@ def clip(w: Tensor, max_abs: Bounds | None, group_size: int) -> Tensor:
 
 
 def fake_quantize(w: Tensor, group_size: int, max_abs: Bounds | None = None) -> Tensor:
-    """w rounded to its INT4 grid and back, in w's dtype: what the quantized layer will compute with."""
-    scales, zeros = group_params(w, group_size, max_abs)
-    q = quantize_int(clip(w, max_abs, group_size), scales, zeros, group_size)
-    return dequantize_int(q, scales, zeros, group_size).to(w.dtype)
+    """w rounded to its INT4 grid and back, in w's dtype: what the quantized layer will compute with.
+
+    The same arithmetic as quantize_int then dequantize_int (so the same values), on one fp32 buffer in place:
+    the clipping searches call this tens of times a layer on whole weight matrices, where each temporary of
+    the plain composition is another pass over memory. A clipped group's max is its max clamped to the range
+    (clamping is monotone), so the ranges need no pass over the clipped copy."""
+    out_f, in_f = w.shape
+    t = w.float().reshape(out_f, in_f // group_size, group_size)
+    hi, lo = t.amax(-1), t.amin(-1)
+    t = t.clone() if t.data_ptr() == w.data_ptr() else t
+    if max_abs is not None:
+        low, high = _low_high(max_abs)
+        hi, lo = hi.clamp(low.float(), high.float()), lo.clamp(low.float(), high.float())
+        # the weights are clipped to the range as `clip` does: in their own dtype
+        t.clamp_(low.to(w.dtype).float()[..., None], high.to(w.dtype).float()[..., None])
+    scales = ((hi - lo).clamp(min=1e-5) / MAX_INT).half().float()[..., None]
+    zeros = (-torch.round(lo / scales[..., 0])).clamp(0, MAX_INT)[..., None]
+    t.div_(scales).round_().add_(zeros).clamp_(0, MAX_INT).sub_(zeros).mul_(scales)
+    return t.reshape(out_f, in_f).to(w.dtype)
 
 
 def dequantize_int(q: Tensor, scales: Tensor, zeros: Tensor, group_size: int) -> Tensor:
