@@ -27,7 +27,7 @@ from . import hadamard
 from .distill import DistillReport, DistillSettings, Targets, distill, teacher_targets
 from .gptq import gptq_round, refit_scales
 from .int4_linear import Int4Linear, decoder_linears
-from .pack import Bounds, clip, fake_quantize, group_params, quantize_int
+from .pack import Bounds, _on_grid, clip, fake_quantize, group_params, quantize_int
 from .rotate import rotatable, rotate_model
 
 SUPPORTED_GROUP_SIZES = (128, 64, 32)
@@ -332,9 +332,9 @@ def search_clip(w: Tensor, h: Tensor, group_size: int, settings: AWQSettings) ->
         for i in range(int(settings.max_shrink * settings.n_grid)):
             r = 1 - i / settings.n_grid
             for low, high in ((-w_abs * r, w_abs * r), (w_min * r, w_max * r)):
-                d = (fake_quantize(rows, group_size, (low, high)) - rows).reshape(rows.shape[0], n_groups, group_size)
-                d = d.transpose(0, 1)  # [G, rows, g]
-                err = ((d @ c) * d).sum(-1).t()  # [rows, G]
+                q, scales, zeros = _on_grid(rows, group_size, (low, high))
+                d = q.sub_(zeros[..., None]).mul_(scales[..., None]).sub_(wg).transpose(0, 1)  # [G, rows, g]
+                err = torch.bmm(d, c).mul_(d).sum(-1).t()  # [rows, G]
                 better = err < best_err
                 best_err = torch.where(better, err, best_err)
                 best_low, best_high = torch.where(better, low, best_low), torch.where(better, high, best_high)
