@@ -98,6 +98,9 @@ class AWQSettings:
     hadamard_down: int = 0
     hadamard_seed: int = 0
     hadamard_group: int | None = None  # the rotated down_proj's group size (its own file); None: group_size
+    # With hadamard_down, whether the standard down_proj (what other engines run; Parley runs the rotated one)
+    # gets its own clipping search too, or is rounded on its plain range: a cheap tier's saving.
+    clip_standard_down: bool = True
     # Finally tune the group scales and norm weights end to end towards the fp model's next-token
     # distribution (distill.py), in `distill_dtype` (None: the model's); None: not.
     distill: DistillSettings | None = None
@@ -397,8 +400,10 @@ def awq_layer(block: nn.Module, x: Tensor, run: LayerRunner, settings: AWQSettin
             replace_module(block, lin, quantize_linear(lin, h, group_size, bound, settings))
         group.x = torch.empty(0)
     for lin, x_in in loose:
-        h = down_gram if lin is block.mlp.down_proj and rotated_down is not None else gram(x_in)
-        bound = search_clip(lin.weight.data, h, group_size, settings) if settings.clip else None
+        standard_down = lin is block.mlp.down_proj and rotated_down is not None
+        h = down_gram if standard_down else gram(x_in)
+        clipped = settings.clip and (settings.clip_standard_down or not standard_down)
+        bound = search_clip(lin.weight.data, h, group_size, settings) if clipped else None
         replace_module(block, lin, quantize_linear(lin, h, group_size, bound, settings))
     return out, alphas, rotated_down
 

@@ -121,8 +121,9 @@ def tier_settings(tier: str, group_size: int, device: torch.device) -> AWQSettin
         awq = dataclasses.replace(awq, search_samples=2)
     if tier in ("awq", "rtn"):
         awq = dataclasses.replace(awq, gptq=False, refit_scales=False)
-    if tier == "awq" and cpu:  # a coarse search: one sequence, 5 alphas, 5 clipping ranges (each end)
-        awq = dataclasses.replace(awq, search_samples=1, alpha_grid=5, n_grid=10)
+    if tier == "awq" and cpu:  # a coarse search: one sequence, 5 alphas, 5 clipping ranges (each end), and
+        # the standard down_proj (other engines'; Parley runs the rotated one) rounded on its plain range
+        awq = dataclasses.replace(awq, search_samples=1, alpha_grid=5, n_grid=10, clip_standard_down=False)
     if tier == "rtn":
         awq = dataclasses.replace(awq, awq_scales=False, clip=False, clip_qk=False)
     return awq
