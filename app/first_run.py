@@ -157,7 +157,7 @@ def stand_in_fits(files: object) -> str | None:
     the memory available beside the quantizer's own (one fp32 layer several times over, and its calibration);
     otherwise a line saying what it needs."""
     from parley.models.loading import load_config
-    from parley.models.quantize.cache import fast_cpu_bf16
+    from parley.models.quantize.methods import fast_cpu_bf16
     from parley.models.quantize.tiers import decoder_params
 
     config = load_config(files)
