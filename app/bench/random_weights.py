@@ -178,22 +178,6 @@ def int4_folder(shape: str, group: int = 128, log: Callable[[str], None] = lambd
 
 # --- llama.cpp's files -----------------------------------------------------------------------------------
 
-_GGUF_BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-               "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-
-
-def gguf_name(name: str) -> str:
-    """llama.cpp's name for a checkpoint tensor (convert_hf_to_gguf's mapping)."""
-    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
-    if name in top:
-        return top[name]
-    _, _, i, rest = name.split(".", 3)
-    module, _, kind = rest.rpartition(".")
-    return f"blk.{i}.{_GGUF_BLOCK[module]}.{kind}"
-
-
 def permute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """convert_hf_to_gguf's `permute` of llama q/k rows (halves -> adjacent pairs); gguf_weights undoes it."""
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
@@ -212,6 +196,7 @@ def _write_gguf(src: Path, config, path: Path) -> None:
     import numpy as np
     from safetensors import safe_open
 
+    from ...models.gguf_weights import hf_to_gguf_name
     from ...models.resolve import weight_files
     from ...models.transformer import rope_frequencies
 
@@ -237,6 +222,7 @@ def _write_gguf(src: Path, config, path: Path) -> None:
     w.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * (config.vocab_size - 3))
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    permuted = config.family.gguf_permuted_qk  # q/k rows as llama.cpp's converter writes them
     rope_freqs = None
     if config.rope_scaling:  # llama3 scaling as convert_hf_to_gguf stores it: per-frequency divisors
         from dataclasses import replace
@@ -250,7 +236,8 @@ def _write_gguf(src: Path, config, path: Path) -> None:
         shapes[k] = shape
         kind = gguf.GGMLQuantizationType.BF16 if len(shape) == 2 else gguf.GGMLQuantizationType.F32
         nbytes = int(np.prod(shape)) * (2 if len(shape) == 2 else 4)
-        w.add_tensor_info(gguf_name(k), shape if len(shape) == 2 else list(shape),
+        w.add_tensor_info(hf_to_gguf_name(k.removeprefix("model."), config.arch),
+                          shape if len(shape) == 2 else list(shape),
                           np.dtype(np.uint16 if len(shape) == 2 else np.float32), nbytes,
                           raw_dtype=kind if len(shape) == 2 else None)
     w.write_header_to_file()
@@ -262,9 +249,9 @@ def _write_gguf(src: Path, config, path: Path) -> None:
         with safe_open(f, framework="pt") as sf:
             for k in sf.keys():  # noqa: SIM118
                 t = sf.get_tensor(k)
-                if config.arch == "llama" and ".q_proj." in k:
+                if permuted and ".q_proj." in k:
                     t = permute_rotary(t, config.n_heads)
-                elif config.arch == "llama" and ".k_proj." in k:
+                elif permuted and ".k_proj." in k:
                     t = permute_rotary(t, config.n_kv_heads)
                 t = t.contiguous()
                 w.write_tensor_data(t.view(torch.int16).numpy().view(np.uint16) if t.dim() == 2

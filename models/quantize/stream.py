@@ -43,7 +43,7 @@ from . import hadamard
 from .awq import AWQSettings, LayerRunner, awq_layer, model_group_size
 from .distill import Targets
 from .int4_linear import Int4Linear
-from .rotate import ROTATABLE_ARCHS, Rotation
+from .rotate import Rotation
 
 STATE = "state.json"
 WORK_FORMAT = 1
@@ -97,15 +97,11 @@ class WeightSource:
             raise ModelLoadError(f"{self.files.path}: tensor {name!r} missing; the checkpoint is incomplete, "
                                  "re-download it")
         if self.files.kind == "gguf":
-            from ..gguf_weights import _PERMUTED_ARCHS, dequantize, unpermute_rotary
+            from ..gguf_weights import dequantize, permuted_heads, unpermute_rotary
 
             t = dequantize(self.where[name], Path(self.files.path))
-            permuted = self.config.arch in _PERMUTED_ARCHS
-            if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
-                t = unpermute_rotary(t, self.config.n_heads)
-            elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
-                t = unpermute_rotary(t, self.config.n_kv_heads)
-            return t
+            heads = permuted_heads(name, self.config.arch, self.config.n_heads, self.config.n_kv_heads)
+            return unpermute_rotary(t, heads) if heads else t
         file, key = self.where[name]
         try:
             with safe_open(file, framework="pt") as f:
@@ -231,14 +227,14 @@ def quantize_layers(files: ModelFiles, config: ModelConfig, key: dict[str, Any],
         progress(Progress("quantize", state.layers_done, config.n_layers, "layer",
                           f"resuming after layer {state.layers_done} of {config.n_layers}"))
     src = WeightSource(files, config)
-    rotate = awq.rotate and config.arch in ROTATABLE_ARCHS
+    rotate = awq.rotate and config.family.rotatable
     out_config = replace(config, tie_embeddings=config.tie_embeddings and not rotate)
     q = Rotation(config.dim, awq.rotation_seed) if rotate else None
     with torch.device("meta"):
         skeleton = Transformer(config)  # shapes only: the group size and LayerRunner's rotary tables
     group_size = model_group_size(skeleton, awq.group_size)
     skeleton.inv_freq = _inv_freq(src, config)
-    if hasattr(skeleton, "inv_freq_local"):
+    if config.local_rope:
         from ..transformer import rope_frequencies
 
         skeleton.inv_freq_local = rope_frequencies(config, local=True)
