@@ -265,3 +265,12 @@ def iter_weights(file: GGUFFile, arch: str, n_heads: int, n_kv_heads: int,
             continue
         w = dequantize(tensor, path)
         yield name, (rows(w) if rows else w)
+
+
+def four_bit_types(path: str | Path) -> str | None:
+    """'Q4_1' (or 'Q4_K/...'): the 4-bit types of a GGUF's decoder linears, from its header; None when none is."""
+    from .gguf_int4 import FOUR_BIT
+
+    kinds = {t.kind.name for t in open_gguf(path).tensors
+             if t.kind in FOUR_BIT and t.name.startswith("blk.") and t.name.endswith(".weight")}
+    return "/".join(sorted(kinds)) or None

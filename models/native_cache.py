@@ -39,7 +39,6 @@ def cache_key(folder: Path, head_bits: int, head: str = "", rotated_down: bool =
     `head`: how a 4-bit head is rounded ("gptq", or "" for to nearest); `rotated_down`: whether the model
     runs the folder's rotated down_proj (models/quantize/hadamard.py) rather than the standard one."""
     from ..kernels import native
-    from . import native_step
     from .quantize import gptq, hadamard, head4
     from .quantize.cache import MANIFEST, awq_root
 
@@ -53,7 +52,10 @@ def cache_key(folder: Path, head_bits: int, head: str = "", rotated_down: bool =
             weights += "|" + files[hadamard.FILE]["sha256"]
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
-    code = b"".join(Path(m.__file__).read_bytes() for m in (native, native_step, head4, gptq))
+    # the packing code's sources (native_step.py read, not imported: it imports this module)
+    sources = (Path(native.__file__), Path(__file__).with_name("native_step.py"), Path(head4.__file__),
+               Path(gptq.__file__))
+    code = b"".join(p.read_bytes() for p in sources)
     text = f"{FORMAT}|{weights}|{head_bits}{head}|".encode() + hashlib.sha256(code).digest()
     return hashlib.sha256(text).hexdigest()[:16]
 
