@@ -292,8 +292,8 @@ MUTANTS: list[Mutant] = [
            "    if False:\n        hadamard.install(",
            ("tests/test_distill_tunes_scales_and_norms_only.py",)),
     Mutant("rotated-gram-unsigned", "models/quantize/hadamard.py",
-           "hd = h.double() * diag.double()[:, None] * diag.double()[None, :]",
-           "hd = h.double() * diag.double()[:, None].abs() * diag.double()[None, :].abs()",
+           "hd = h * diag.to(h.dtype)[:, None] * diag.to(h.dtype)[None, :]",
+           "hd = h * diag.to(h.dtype)[:, None].abs() * diag.to(h.dtype)[None, :].abs()",
            ("tests/test_down_hadamard_rotation_is_exact.py::test_the_rotated_gram_matrix_is_the_gram_matrix_of_the_rotated_inputs",)),
     # -- hostile input (issue 36) --
     Mutant("serve-any-host", "app/server/api.py",
