@@ -168,7 +168,7 @@ class NativeStep:
         if head_bits == 32 and c.tie_embeddings:  # the unquantized head is the embedding itself, skipped above
             self.weight_bytes += embed.numel() * embed.element_size()
         cos, sin = self._rope_table(c.max_seq_len, model.inv_freq)
-        if hasattr(model, "inv_freq_local"):  # Gemma 3's sliding layers rotate with their own base
+        if c.local_rope:  # Gemma 3's sliding layers rotate with their own base
             local = self._rope_table(c.max_seq_len, model.inv_freq_local)
             for i in range(c.n_layers):
                 if c.layer_windows[i]:

@@ -138,7 +138,7 @@ class LayerRunner:
         self.rope, self.masks = {}, {}
         causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
         for w in set(model.config.layer_windows):
-            inv_freq = model.inv_freq_local if w and hasattr(model, "inv_freq_local") else model.inv_freq
+            inv_freq = model.inv_freq_local if w and model.config.local_rope else model.inv_freq
             angles = positions[None, :, None].float() * inv_freq.to(device)  # [1, T, D/2]
             angles = torch.cat((angles, angles), dim=-1)[:, None]  # [1, 1, T, D], as Transformer.forward
             self.rope[w] = angles.cos().to(dtype), angles.sin().to(dtype)

@@ -27,6 +27,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from ...cache_files import file_sha256
 from ..errors import ModelLoadError
 from ..transformer import block_hadamard
 from .int4_linear import Int4Linear
@@ -82,18 +83,12 @@ def rotate_weight(w: Tensor, diag: Tensor, block: int) -> Tensor:
     return block_hadamard(w.double() * diag.double(), sylvester(block).to(w.device), matmul=True)
 
 
-def sha256(path: Path) -> str:
-    from .cache import file_sha256  # cache.py imports this module
-
-    return file_sha256(path)
-
-
 def save(folder: Path, rotated: dict[int, Int4Linear], diag: Tensor, block: int) -> Path:
     """Write the rotated down_proj of each layer beside `folder`'s model.safetensors (already written)."""
     tensors = {f"layers.{i}.mlp.down_proj.{k}": t.detach().contiguous().cpu()
                for i, lin in rotated.items() for k, t in lin.state_dict().items()}
     tensors["down_diag"] = diag.float().contiguous().cpu()
-    meta = {"format": FORMAT, "block": str(block), "model_sha256": sha256(folder / "model.safetensors")}
+    meta = {"format": FORMAT, "block": str(block), "model_sha256": file_sha256(folder / "model.safetensors")}
     path = folder / FILE
     save_file(tensors, str(path), metadata=meta)
     return path
@@ -104,7 +99,7 @@ def _weights_sha256(folder: Path) -> str:
     try:
         return json.loads((folder / "manifest.json").read_text())["files"]["model.safetensors"]["sha256"]
     except (OSError, ValueError, KeyError, TypeError):
-        return sha256(folder / "model.safetensors")
+        return file_sha256(folder / "model.safetensors")
 
 
 @torch.no_grad()
