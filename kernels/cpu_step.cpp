@@ -751,6 +751,13 @@ static inline void f32_tile(const Lin* L, int n0, const float* x, int m0, float*
 // operations whatever the tile, and for INT4 and the int8 head the AVX-512 path's own values.
 constexpr int PREFETCH_BYTES = 4096;  // as the AVX-512 path's
 
+// The sum as it stands, in a register: GCC reassociates a chain of integer adds into a tree of all the products
+// (exact either way), keeping each product on the stack until the tree sums them; this keeps the chain.
+static inline __m256i chain(__m256i v) {
+    __asm__("" : "+x"(v));
+    return v;
+}
+
 template <int R, int AB, int NH>
 static inline void q4_tile(const Lin* L, int nb, int h0, const Act* a, int m0, float* y, int ldy) {
     const int K = L->K, nc = K / 64, G = L->group, ng = K / G, cpg = G >= 64 ? G / 64 : 1;
@@ -787,6 +794,25 @@ static inline void q4_tile(const Lin* L, int nb, int h0, const Act* a, int m0, f
         // The low nibbles (inputs 0..31 of the chunk), then the high ones (32..63): one int16 sum per position in
         // registers, so a tile holds 8 positions (both at once spilled sums to the stack at 4).
         __m256i part[2][R][NH];
+        if constexpr (R == 1) {  // one position: both nibbles of each vector as it is loaded (4 sums)
+            __m256i acc16[2][NH];
+            for (int hf = 0; hf < 2; hf++)
+                for (int h = 0; h < NH; h++) acc16[hf][h] = _mm256_setzero_si256();
+            for (int t0 = 0; t0 < 8; t0 += 2)
+                for (int t = t0; t < t0 + 2; t++) {
+                    _mm_prefetch((const char*)(w + PREFETCH_BYTES + t * 64), _MM_HINT_T0);
+                    const int8_t* x = a->q + (size_t)m0 * K + ci * 64 + 4 * t;
+                    const __m256i xl = _mm256_set1_epi32(load_i32(x)), xh = _mm256_set1_epi32(load_i32(x + 32));
+                    for (int h = 0; h < NH; h++) {
+                        const __m256i v = _mm256_loadu_si256((const __m256i*)(w + t * 64 + 32 * h));
+                        acc16[0][h] = chain(_mm256_add_epi16(acc16[0][h], _mm256_maddubs_epi16(_mm256_and_si256(v, lo4), xl)));
+                        acc16[1][h] = chain(_mm256_add_epi16(acc16[1][h], _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo4), xh)));
+                    }
+                }
+            for (int hf = 0; hf < 2; hf++)
+                for (int h = 0; h < NH; h++) part[hf][0][h] = _mm256_madd_epi16(acc16[hf][h], ones);
+        } else
+#pragma GCC unroll 2
         for (int hf = 0; hf < 2; hf++) {
             __m256i acc16[R][NH];
             for (int r = 0; r < R; r++)
@@ -801,7 +827,7 @@ static inline void q4_tile(const Lin* L, int nb, int h0, const Act* a, int m0, f
                     }
                     for (int r = 0; r < R; r++) {
                         const __m256i xb = _mm256_set1_epi32(load_i32(a->q + (size_t)(m0 + r) * K + ci * 64 + 32 * hf + 4 * t));
-                        for (int h = 0; h < NH; h++) acc16[r][h] = _mm256_add_epi16(acc16[r][h], _mm256_maddubs_epi16(wt[h], xb));
+                        for (int h = 0; h < NH; h++) acc16[r][h] = chain(_mm256_add_epi16(acc16[r][h], _mm256_maddubs_epi16(wt[h], xb)));
                     }
                 }
             for (int r = 0; r < R; r++)
@@ -865,7 +891,7 @@ static inline void q8_tile(const Lin* L, int nb, int h0, const Act* a, int m0, f
                     for (int r = 0; r < R; r++) {
                         const __m256i x = _mm256_set1_epi32(load_i32(a->q + (size_t)(m0 + r) * K + ci * 64 + half * 32 + 4 * t));
                         for (int h = 0; h < NH; h++)
-                            ib[r][h] = _mm256_add_epi32(ib[r][h], _mm256_madd_epi16(_mm256_maddubs_epi16(wa[h], _mm256_sign_epi8(x, ws[h])), ones));
+                            ib[r][h] = chain(_mm256_add_epi32(ib[r][h], _mm256_madd_epi16(_mm256_maddubs_epi16(wa[h], _mm256_sign_epi8(x, ws[h])), ones)));
                     }
                 }
             for (int r = 0; r < R; r++) {
@@ -1291,7 +1317,7 @@ static inline __m512i transpose_sum16(const __m512i* v) {
 }
 #endif
 
-#if PARLEY_VNNI || PARLEY_AVX2
+#if PARLEY_VNNI
 // Calls f(std::integral_constant<int, nq>) for nq in 1..8: the per-head loops below unroll into registers.
 template <class F>
 static inline void dispatch_nq(int nq, F&& f) {
@@ -1306,9 +1332,7 @@ static inline void dispatch_nq(int nq, F&& f) {
     default: f(std::integral_constant<int, 8>()); break;
     }
 }
-#endif
 
-#if PARLEY_VNNI
 // One query head (64 dims) -> int16 (round to nearest even, as nearbyint) and its scale amax / 32767.
 static inline float quantize_q16(const float* q, int16_t* q16) {
     __m512 mv = _mm512_setzero_ps();
@@ -1560,13 +1584,10 @@ static inline float quantize_q16(const float* q, int16_t* q16) {
     return amax / 32767.0f;
 }
 
-// int8 keys (head_dim 64): scores_int8's exact int32 sums, 8 keys at a time (each widened once for every query).
-template <int NQ>
-static void scores_int8(const Cache* c, const KV* kv, size_t base, int j0, int n, const float* q, float scale, float* s) {
-    (void)c;
-    alignas(32) int16_t q16[NQ][64];
-    float qs[NQ];
-    for (int i = 0; i < NQ; i++) qs[i] = quantize_q16(q + i * 64, q16[i]);
+// int8 keys (head_dim 64) for Q queries (int16, each with its scale times the softmax scale): the AVX-512
+// scores_int8's exact int32 sums, 8 keys at a time, each key widened once for every query -> s[k][j].
+static void scores_int8_q(const KV* kv, size_t base, int j0, int n, int Q, const int16_t (*q16)[64], const float* qsc,
+                          float* s) {
     const int8_t* K8 = (const int8_t*)kv->k + (base + j0) * 64;
     for (int jb = 0; jb < n; jb += 8) {
         const int cnt = n - jb < 8 ? n - jb : 8;
@@ -1579,88 +1600,154 @@ static void scores_int8(const Cache* c, const KV* kv, size_t base, int j0, int n
         _mm_prefetch((const char*)(K8 + (size_t)(jb + 16) * 64), _MM_HINT_T0);
         const __m256i mask = lanes8(cnt);
         const __m256 ks = _mm256_maskload_ps(kv->ks + base + j0 + jb, mask);
-        for (int i = 0; i < NQ; i++) {
+        for (int i = 0; i < Q; i++) {
             __m256i qv[4], acc[8];
-            for (int u = 0; u < 4; u++) qv[u] = _mm256_load_si256((const __m256i*)(q16[i] + 16 * u));
+            for (int u = 0; u < 4; u++) qv[u] = _mm256_loadu_si256((const __m256i*)(q16[i] + 16 * u));
             for (int k = 0; k < 8; k++)
                 acc[k] = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(kw[k][0], qv[0]), _mm256_madd_epi16(kw[k][1], qv[1])),
                                           _mm256_add_epi32(_mm256_madd_epi16(kw[k][2], qv[2]), _mm256_madd_epi16(kw[k][3], qv[3])));
-            const __m256 sc = _mm256_mul_ps(_mm256_cvtepi32_ps(transpose_sum8i(acc)), _mm256_mul_ps(ks, _mm256_set1_ps(qs[i] * scale)));
+            const __m256 sc = _mm256_mul_ps(_mm256_cvtepi32_ps(transpose_sum8i(acc)), _mm256_mul_ps(ks, _mm256_set1_ps(qsc[i])));
             _mm256_maskstore_ps(s + (size_t)i * ATT_BLOCK + jb, mask, sc);
         }
     }
 }
 
-// int8 values (head_dim 64): values_int8's int16 weights, pairs of keys interleaved as int16 pairs of each dim
-// (widened once into X for all queries), exact int32 sums.
-template <int NQ>
-static void values_int8(const Cache* c, const KV* kv, size_t base, int j0, int n, float* s, float* part) {
-    (void)c;
-    alignas(32) int16_t u[NQ][ATT_BLOCK + 32];
-    float cq[NQ];
+static void scores_int8(const KV* kv, size_t base, int j0, int n, int nq, const float* q, float scale, float* s) {
+    alignas(32) int16_t q16[8][64];
+    float qsc[8];
+    for (int i = 0; i < nq; i++) qsc[i] = quantize_q16(q + i * 64, q16[i]) * scale;
+    scores_int8_q(kv, base, j0, n, nq, q16, qsc, s);
+}
+
+// scores_int8 for the nq query heads of each of np positions (position k's at q[k]) over keys [j0, j0 + n), the
+// keys widened once for all of them: the same values, whatever np (as the AVX-512 scores_int8_shared).
+constexpr int ATT_GROUP = 8;
+static void scores_int8_shared(const KV* kv, size_t base, int j0, int n, int np, int nq, const float* const* q,
+                               float scale, float* s) {
+    alignas(32) int16_t q16[ATT_GROUP * 8][64];
+    float qsc[ATT_GROUP * 8];
+    for (int k = 0; k < np * nq; k++) qsc[k] = quantize_q16(q[k / nq] + (k % nq) * 64, q16[k]) * scale;
+    scores_int8_q(kv, base, j0, n, np * nq, q16, qsc, s);
+}
+
+// int8 values (head_dim 64) for Q queries, query k's weights at s + k * ATT_BLOCK over keys [j0, j0 + n[k]), its
+// partial at part[k]: the AVX-512 values_int8's int16 weights (zero past its keys) and exact int32 sums. Pairs of
+// value rows interleaved as int16 pairs of each dim, widened once into X for all queries.
+static void values_int8_q(const KV* kv, size_t base, int j0, int Q, const int* n, float* s, float* const* part) {
+    int nmax = 0;
+    for (int k = 0; k < Q; k++) nmax = std::max(nmax, n[k]);
+    alignas(32) int16_t u[ATT_GROUP * 8][ATT_BLOCK + 32];
+    float cq[ATT_GROUP * 8];
     const float* vs = kv->vs + base + j0;
-    for (int i = 0; i < NQ; i++) {
-        float* si = s + (size_t)i * ATT_BLOCK;
+    for (int k = 0; k < Q; k++) {
+        const int nk = n[k];
+        float* si = s + (size_t)k * ATT_BLOCK;
         __m256 mv = _mm256_setzero_ps();
-        for (int j = 0; j < n; j += 8) {
-            const __m256i mask = lanes8(n - j);
+        for (int j = 0; j < nk; j += 8) {
+            const __m256i mask = lanes8(nk - j);
             const __m256 w = _mm256_mul_ps(_mm256_maskload_ps(si + j, mask), _mm256_maskload_ps(vs + j, mask));
-            _mm256_storeu_ps(si + j, w);  // zero past n; s has room for whole vectors
+            _mm256_storeu_ps(si + j, w);  // zero past nk; s has room for whole vectors
             mv = _mm256_max_ps(mv, w);
         }
         const float wmax = hmax8(mv);
-        cq[i] = wmax / 32767.0f;
+        cq[k] = wmax / 32767.0f;
         const __m256 inv = _mm256_set1_ps(wmax > 0 ? 32767.0f / wmax : 0.0f);
-        for (int j = 0; j < n; j += 16) {
+        int j = 0;
+        for (; j < nk; j += 16) {
             const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(si + j), inv));
-            const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_maskload_ps(si + j + 8, lanes8(n - j - 8)), inv));
-            _mm256_storeu_si256((__m256i*)(u[i] + j), _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8));  // zero past n
+            const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_maskload_ps(si + j + 8, lanes8(nk - j - 8)), inv));
+            _mm256_storeu_si256((__m256i*)(u[k] + j), _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8));  // zero past nk
         }
-        u[i][n] = 0;  // an odd count pairs the last key with a zero weight
+        for (j = nk; j <= nmax; j++) u[k][j] = 0;  // and on to the longest query's keys (+1: an odd count's pair)
     }
-    const int npairs = (n + 1) / 2;
-    alignas(32) __m256i X[ATT_BLOCK / 2][8];  // pair jp: X[jp][2v + e] lane l: dim 16v + 4e + l + 4 (l >= 4)
+    const int npairs = (nmax + 1) / 2;
     const int8_t* V8 = (const int8_t*)kv->v + (base + j0) * 64;
-    for (int jp = 0; jp < npairs; jp++) {
+    // pair jp widened: X[jp][2v + e] lane l holds dims 16v + 4e + l + 4 (l >= 4) of keys 2jp and 2jp + 1
+    auto widen = [&](int jp, int v, __m256i* x) {
         const int8_t* ra = V8 + (size_t)2 * jp * 64;
-        const int8_t* rb = 2 * jp + 1 < n ? ra + 64 : ra;  // weight 0 when past the end
-        _mm_prefetch((const char*)(ra + 16 * 64), _MM_HINT_T0);
-        _mm_prefetch((const char*)(ra + 17 * 64), _MM_HINT_T0);
-        for (int v = 0; v < 4; v++) {
-            const __m256i A = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(ra + 16 * v)));
-            const __m256i B = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(rb + 16 * v)));
-            X[jp][2 * v] = _mm256_unpacklo_epi16(A, B);
-            X[jp][2 * v + 1] = _mm256_unpackhi_epi16(A, B);
+        const int8_t* rb = 2 * jp + 1 < nmax ? ra + 64 : ra;  // weight 0 when past the end
+        const __m256i A = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(ra + 16 * v)));
+        const __m256i B = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(rb + 16 * v)));
+        x[0] = _mm256_unpacklo_epi16(A, B);
+        x[1] = _mm256_unpackhi_epi16(A, B);
+    };
+    auto store = [&](int k, int dh, const __m256i* acc) {
+        alignas(32) int32_t r[4][8];
+        for (int t = 0; t < 4; t++) _mm256_store_si256((__m256i*)r[t], acc[t]);
+        float* o = part[k];
+        for (int t = 0; t < 4; t++) {
+            const int v = 2 * dh + t / 2, e = t % 2;
+            for (int l = 0; l < 8; l++) o[16 * v + 4 * e + l + (l >= 4 ? 4 : 0)] = (float)r[t][l] * cq[k];
         }
-    }
-    // queries in groups of up to 3, 32 dims at a time: 12 int32 sums in registers
-    for (int i0 = 0; i0 < NQ; i0 += 3) {
-        const int qn = NQ - i0 < 3 ? NQ - i0 : 3;
+    };
+    if (Q <= 3) {  // one sweep: each pair widened as it is used, 32 dims at a time
         for (int dh = 0; dh < 2; dh++) {
             __m256i acc[3][4];
             for (int i = 0; i < 3; i++)
                 for (int t = 0; t < 4; t++) acc[i][t] = _mm256_setzero_si256();
             for (int jp = 0; jp < npairs; jp++) {
-                const __m256i* x = X[jp] + 4 * dh;
+                if (dh == 0) {
+                    _mm_prefetch((const char*)(V8 + (size_t)(2 * jp + 16) * 64), _MM_HINT_T0);
+                    _mm_prefetch((const char*)(V8 + (size_t)(2 * jp + 17) * 64), _MM_HINT_T0);
+                }
+                __m256i x[4];
+                widen(jp, 2 * dh, x);
+                widen(jp, 2 * dh + 1, x + 2);
                 for (int i = 0; i < 3; i++) {
-                    if (i >= qn) break;
+                    if (i >= Q) break;
                     int32_t pair;
-                    std::memcpy(&pair, u[i0 + i] + 2 * jp, 4);
+                    std::memcpy(&pair, u[i] + 2 * jp, 4);
                     const __m256i w = _mm256_set1_epi32(pair);
                     for (int t = 0; t < 4; t++) acc[i][t] = _mm256_add_epi32(acc[i][t], _mm256_madd_epi16(x[t], w));
                 }
             }
-            for (int i = 0; i < qn; i++) {
-                alignas(32) int32_t r[4][8];
-                for (int t = 0; t < 4; t++) _mm256_store_si256((__m256i*)r[t], acc[i][t]);
-                float* o = part + (size_t)(i0 + i) * 66;
-                for (int t = 0; t < 4; t++) {
-                    const int v = 2 * dh + t / 2, e = t % 2;
-                    for (int l = 0; l < 8; l++) o[16 * v + 4 * e + l + (l >= 4 ? 4 : 0)] = (float)r[t][l] * cq[i0 + i];
+            for (int i = 0; i < Q; i++) store(i, dh, acc[i]);
+        }
+        return;
+    }
+    alignas(32) __m256i X[ATT_BLOCK / 2][8];
+    for (int jp = 0; jp < npairs; jp++) {
+        _mm_prefetch((const char*)(V8 + (size_t)(2 * jp + 16) * 64), _MM_HINT_T0);
+        _mm_prefetch((const char*)(V8 + (size_t)(2 * jp + 17) * 64), _MM_HINT_T0);
+        for (int v = 0; v < 4; v++) widen(jp, v, X[jp] + 2 * v);
+    }
+    // queries in groups of up to 3, 32 dims at a time: 12 int32 sums in registers
+    for (int k0 = 0; k0 < Q; k0 += 3) {
+        const int qn = std::min(3, Q - k0);
+        int np_g = 0;  // the group's longest keys
+        for (int k = k0; k < k0 + qn; k++) np_g = std::max(np_g, (n[k] + 1) / 2);
+        for (int dh = 0; dh < 2; dh++) {
+            __m256i acc[3][4];
+            for (int i = 0; i < 3; i++)
+                for (int t = 0; t < 4; t++) acc[i][t] = _mm256_setzero_si256();
+            for (int jp = 0; jp < np_g; jp++) {
+                const __m256i* x = X[jp] + 4 * dh;
+                for (int i = 0; i < 3; i++) {
+                    if (i >= qn) break;
+                    int32_t pair;
+                    std::memcpy(&pair, u[k0 + i] + 2 * jp, 4);
+                    const __m256i w = _mm256_set1_epi32(pair);
+                    for (int t = 0; t < 4; t++) acc[i][t] = _mm256_add_epi32(acc[i][t], _mm256_madd_epi16(x[t], w));
                 }
             }
+            for (int i = 0; i < qn; i++) store(k0 + i, dh, acc[i]);
         }
     }
+}
+
+static void values_int8(const KV* kv, size_t base, int j0, int n, int nq, float* s, float* part) {
+    int nk[8];
+    float* pq[8];
+    for (int i = 0; i < nq; i++) nk[i] = n, pq[i] = part + (size_t)i * 66;
+    values_int8_q(kv, base, j0, nq, nk, s, pq);
+}
+
+// values_int8 for the nq heads of each of np positions that start at key j0 together (query k = head k % nq of
+// position k / nq, keys [j0, j0 + n[k / nq])): the same values, whatever np (as the AVX-512 values_int8_shared).
+static void values_int8_shared(const KV* kv, size_t base, int j0, int np, int nq, const int* n, float* s, float* const* part) {
+    int nk[ATT_GROUP * 8];
+    for (int k = 0; k < np * nq; k++) nk[k] = n[k / nq];
+    values_int8_q(kv, base, j0, np * nq, nk, s, part);
 }
 
 // Scores of fp32 / bf16 keys (or int8 ones of another head_dim): the AVX-512 path's 16-lane multiply-adds per
@@ -1795,7 +1882,7 @@ static void block_scores(const Cache* c, const KV* kv, int h, int j0, int j1, in
         return;
     }
 #elif PARLEY_AVX2
-    if (c->kind >= KV_INT8 && D == 64 && nq <= 8) return dispatch_nq(nq, [&](auto k) { scores_int8<decltype(k)::value>(c, kv, base, j0, n, q, scale, s); });
+    if (c->kind >= KV_INT8 && D == 64 && nq <= 8) return scores_int8(kv, base, j0, n, nq, q, scale, s);
     if (D % 16 == 0 && D <= 256 && nq <= 8) return scores_float(c, kv, base, j0, n, D, nq, q, scale, s);
 #endif
     float kbuf[512];  // head_dim <= 512 (checked by parley_forward)
@@ -1912,7 +1999,7 @@ static void attend_scored(const Cache* c, const KV* kv, int h, int j0, int j1, i
         return;
     }
 #elif PARLEY_AVX2
-    if (c->kind == KV_INT8 && D == 64 && nq <= 8) return dispatch_nq(nq, [&](auto k) { values_int8<decltype(k)::value>(c, kv, base, j0, n, s, part); });
+    if (c->kind == KV_INT8 && D == 64 && nq <= 8) return values_int8(kv, base, j0, n, nq, s, part);
     if (D % 16 == 0 && D <= 256 && nq <= 8) return values_float(c, kv, base, j0, n, D, nq, s, part);
 #endif
     float vbuf[512];
@@ -2021,7 +2108,7 @@ static void values_int8_shared(const KV* kv, size_t base, int j0, int np, int nq
 // at s + k * nq * ATT_BLOCK, its partials at part[k]): int8 values are read and widened once for all of them.
 static void attend_scored_group(const Cache* c, const KV* kv, int h, int j0, int np, const int* j1, int D, int nq,
                                 float* const* part, float* s) {
-#if PARLEY_VNNI
+#if PARLEY_VNNI || PARLEY_AVX2
     if (c->kind == KV_INT8 && D == 64 && nq <= 8 && np <= ATT_GROUP) {
         int n[ATT_GROUP];
         float* pq[ATT_GROUP * 8];
@@ -2144,7 +2231,7 @@ static void attend_nodes(const Cache* vc, const KV* vkv, int vh, int shift, int 
     for (int i = 0; i < nm; i++) {
         const int m = ms[i], p = (int)positions[m], lo = first_key(p, window);
         if (b * ATT_BLOCK > p || (b + 1) * ATT_BLOCK <= lo) continue;
-#if PARLEY_VNNI
+#if PARLEY_VNNI || PARLEY_AVX2
         if (vc->kind >= KV_INT8 && D == 64 && G <= 8) {  // the following nodes that start here share the keys
             const int j0 = std::max(lo, b * ATT_BLOCK);
             int np = 0, n = 0, mk[ATT_GROUP], j1[ATT_GROUP];
