@@ -3,8 +3,16 @@
 // Why one native step: a decode token of a 135M model is ~85 MB of weights, a few milliseconds at memory
 // speed, while an eager PyTorch step spends about as long again on ~1,000 small op launches. Here a step is
 // one call: INT4 weights times 8-bit activations with integer dot products (AVX-512 VNNI where the CPU has
-// it), attention read straight from the cache in its stored form (fp32, bf16, int8 or int8-K/int4-V), and
-// OpenMP threads across output columns / heads.
+// it, else AVX2), attention read straight from the cache in its stored form (fp32, bf16, int8 or int8-K/int4-V),
+// and OpenMP threads across output columns / heads.
+//
+// Three flavours, by what the compiler may target (-march=native; `parley_simd` says which): AVX-512 VNNI
+// (PARLEY_VNNI), AVX2 + FMA + F16C (PARLEY_AVX2: CPUs without AVX-512, most laptops) and portable loops. The
+// AVX2 flavour computes the VNNI path's values bit for bit: the same exact int32 sum per activation block (its
+// `vpmaddubsw` int16 pairs cannot saturate, see q4_tile), the same float operations in the same order, its
+// 16-lane sums and trees on two 8-lane halves (tests/test_native_portable_loops.py compares the two builds'
+// logits); a change to one's float arithmetic is a change to the other's. The portable loops compute the same
+// quantities in other orders. Every flavour is batch invariant as below.
 //
 // Batch invariance by construction: every per-position quantity (activation quantization, each output
 // column's dot product, each head's attention row) is computed by the same sequence of operations whether
@@ -12,12 +20,15 @@
 // loaded weights; they never reorder a position's arithmetic. So a position's logits are bitwise the same
 // in a decode pass, a verification pass or a prefill chunk. Build with -ffp-contract=off.
 //
-// Sections: an optional per-phase timer (-DPARLEY_PROFILE builds only); small helpers; activation quantization
-// (int8 per 64 or 32 inputs); the products (INT4 / int8-head tiles of 1..8 positions x 16 columns, INT4 and
-// int8-head pair tiles of 4 or 8 positions x 32 columns, portable loops, `linear`); the KV cache (writes in
-// stored form, attention in 256-key blocks with an optional per-layer sliding window, head_dim up to 256 on the
-// vector paths); the entry points (`parley_forward`, `parley_linear` / `parley_attention` for tests against
-// independent references, and `parley_read_gbs`, the bandwidth probe of `parley bench decode`).
+// Sections: an optional per-phase timer (-DPARLEY_PROFILE builds only); small helpers (AVX2: 8-lane sums,
+// exp256); activation quantization (int8 per 64 or 32 inputs); the products (VNNI: INT4 / int8-head tiles of
+// 1..8 positions x 16 columns, INT4 and int8-head pair tiles of 4 or 8 positions x 32 columns; AVX2: tiles of
+// 1..8 positions (the head 1..4) x 8 columns, a 16-column block as two halves; portable loops; `linear`); the KV
+// cache (writes in stored form, attention in 256-key blocks with an optional per-layer sliding window, head_dim
+// up to 256 on the vector paths; AVX2: int8 scores and values in `vpmaddwd`, fp32 / bf16 / k8v4 in the VNNI
+// path's float order); the rest of a pass (SiLU / GeGLU, the Hadamard rotation, rope); the entry points
+// (`parley_forward`, `parley_linear` / `parley_attention` for tests against independent references, and
+// `parley_read_gbs`, the bandwidth probe of `parley bench decode`).
 #include <algorithm>
 #include <type_traits>
 #include <cmath>
@@ -1594,10 +1605,10 @@ static void scores_int8_q(const KV* kv, size_t base, int j0, int n, int Q, const
         alignas(32) __m256i kw[8][4];  // key jb + k widened to int16, dims 16u .. 16u + 15
         for (int k = 0; k < 8; k++) {
             const int8_t* kr = K8 + (size_t)(jb + k) * 64;
+            _mm_prefetch((const char*)(kr + 16 * 64), _MM_HINT_T0);  // a row 16 keys on, as the AVX-512 path
             for (int u = 0; u < 4; u++)
                 kw[k][u] = k < cnt ? _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(kr + 16 * u))) : _mm256_setzero_si256();
         }
-        _mm_prefetch((const char*)(K8 + (size_t)(jb + 16) * 64), _MM_HINT_T0);
         const __m256i mask = lanes8(cnt);
         const __m256 ks = _mm256_maskload_ps(kv->ks + base + j0 + jb, mask);
         for (int i = 0; i < Q; i++) {
@@ -2565,6 +2576,22 @@ extern "C" double parley_read_gbs(const void* buf, size_t bytes, int reps, int t
             for (; p < end; p += 64) acc[0] = _mm512_xor_si512(acc[0], _mm512_load_si512((const void*)p));
             acc[0] = _mm512_xor_si512(_mm512_xor_si512(acc[0], acc[1]), _mm512_xor_si512(acc[2], acc[3]));
             sink ^= (uint64_t)_mm512_reduce_or_epi64(acc[0]);
+#elif PARLEY_AVX2  // the same 4 sub-streams, 2 vectors of 32 bytes a line
+            __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                              _mm256_setzero_si256()};
+            const size_t q = (size_t)(end - p) / 4 / 64 * 64;
+            for (size_t i = 0; i < q; i += 64)
+                for (int u = 0; u < 4; u++)
+                    acc[u] = _mm256_xor_si256(acc[u], _mm256_xor_si256(_mm256_load_si256((const __m256i*)(p + u * q + i)),
+                                                                      _mm256_load_si256((const __m256i*)(p + u * q + i + 32))));
+            p += 4 * q;
+            for (; p < end; p += 64)
+                acc[0] = _mm256_xor_si256(acc[0], _mm256_xor_si256(_mm256_load_si256((const __m256i*)p),
+                                                                  _mm256_load_si256((const __m256i*)(p + 32))));
+            acc[0] = _mm256_xor_si256(_mm256_xor_si256(acc[0], acc[1]), _mm256_xor_si256(acc[2], acc[3]));
+            alignas(32) uint64_t r[4];
+            _mm256_store_si256((__m256i*)r, acc[0]);
+            sink ^= r[0] | r[1] | r[2] | r[3];
 #else
             uint64_t x = 0;
             for (; p < end; p += 8) {
