@@ -38,25 +38,26 @@ CHILD_TESTS = {  # the portable loops are slow: fewer files, and the attention t
         "test_down_hadamard_rotation_is_exact.py"],
 }
 
-# Logits of small random models: every arch the step runs (Gemma 3: GeGLU, sandwich norms, its own rotary
-# tables), INT4 and fp32 weights, every cache type, passes of 1, 7 and 22 positions after a 260-position prefill
-# (across the 256-key block edge).
-LOGITS = """
-import random, sys, torch
-sys.path.insert(0, sys.argv[2])
-from native_models import logits_in_chunks, small_model
-from parley.models.native_step import NativeStep
-from parley.models.transformer import KV_CACHE_TYPES
-out = {}
-for arch in ("llama", "qwen2", "qwen3", "gemma3"):
-    for int4 in (True, False):
+
+def small_model_logits() -> dict[str, torch.Tensor]:
+    """Logits of small random models on this process's library: every arch the step runs (Gemma 3: GeGLU, sandwich
+    norms, its own rotary tables) with INT4 weights, and fp32 weights (llama), every cache type, passes of 1, 7
+    and 22 positions after a 260-position prefill (across the 256-key block edge)."""
+    import random
+
+    from native_models import logits_in_chunks, small_model
+
+    from parley.models.native_step import NativeStep
+    from parley.models.transformer import KV_CACHE_TYPES
+
+    out = {}
+    for arch, int4 in [("llama", True), ("qwen2", True), ("qwen3", True), ("gemma3", True), ("llama", False)]:
         model = small_model(int4, seed=3, arch=arch, norms=True)
         step = NativeStep.for_model(model, head_bits=8 if int4 else 32)
         ids = [random.Random(5).randrange(300) for _ in range(290)]
         for kind in KV_CACHE_TYPES:
             out[f"{arch} int4={int4} {kind}"] = logits_in_chunks(model, ids, [260, 1, 7, 22], kind, step)
-torch.save(out, sys.argv[1])
-"""
+    return out
 
 
 def flavour_env(level: int, folder: Path) -> dict[str, str]:
@@ -89,14 +90,11 @@ def test_flavour_passes_the_native_tests(level: int, tmp_path: Path, avx2_dir: P
 @pytest.mark.skipif(LEVEL < 2, reason="needs a VNNI machine: the AVX2 flavour is checked against the VNNI build")
 def test_avx2_flavour_computes_the_vnni_paths_bits(tmp_path: Path, avx2_dir: Path) -> None:
     env = built(1, avx2_dir)
-    script = tmp_path / "logits.py"
-    script.write_text(LOGITS)
-    r = subprocess.run([sys.executable, str(script), str(tmp_path / "avx2.pt"), str(TESTS)], env=env,
+    dump = ("import sys, torch; sys.path.insert(0, sys.argv[2]); from test_native_portable_loops import "
+            "small_model_logits; torch.save(small_model_logits(), sys.argv[1])")
+    r = subprocess.run([sys.executable, "-c", dump, str(tmp_path / "avx2.pt"), str(TESTS)], env=env,
                        capture_output=True, text=True, timeout=600, cwd=TESTS.parent)
     assert r.returncode == 0, r.stderr[-3000:]
-    r = subprocess.run([sys.executable, str(script), str(tmp_path / "vnni.pt"), str(TESTS)],
-                       capture_output=True, text=True, timeout=600, cwd=TESTS.parent)
-    assert r.returncode == 0, r.stderr[-3000:]
-    avx2, vnni = torch.load(tmp_path / "avx2.pt"), torch.load(tmp_path / "vnni.pt")
+    avx2, vnni = torch.load(tmp_path / "avx2.pt"), small_model_logits()
     differ = [name for name in vnni if not torch.equal(avx2[name], vnni[name])]
     assert not differ, f"the AVX2 flavour's logits differ from the VNNI build's: {differ}"
