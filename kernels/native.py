@@ -165,6 +165,7 @@ def load() -> ctypes.CDLL | None:
         lib.parley_threads.restype = ctypes.c_int
         lib.parley_threads.argtypes = [ctypes.c_int]
         lib.parley_has_vnni.restype = ctypes.c_int
+        lib.parley_simd.restype = ctypes.c_int
         lib.parley_hadamard_row.restype = None
         lib.parley_hadamard_row.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
         lib.parley_layout.restype = ctypes.c_int
