@@ -965,7 +965,11 @@ static inline void quant_tile(const Lin* L, int nb, const Act* a, int m0, float*
 // in input order), reduced as _mm512_reduce_add_ps reduces (halves, quarters, then pairs): its bits.
 static inline float hsum16(__m256 lo, __m256 hi) { return hsum8(_mm256_add_ps(hi, lo)); }
 
-template <int R, int C>
+static inline __m256 load_bf16x8(const uint16_t* p) {  // 8 bf16 -> fp32, exact
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+
+template <int R, int C, bool BF16 = false>
 static inline void f32_tile8(const Lin* L, int n0, const float* x, int m0, float* y, int ldy) {
     const int K = L->K;
     __m256 acc[R][C][2];
@@ -974,7 +978,9 @@ static inline void f32_tile8(const Lin* L, int n0, const float* x, int m0, float
     for (int k = 0; k < K; k += 16) {
         __m256 w[C][2];
         for (int c = 0; c < C; c++)
-            for (int u = 0; u < 2; u++) w[c][u] = _mm256_loadu_ps(L->w + (size_t)(n0 + c) * K + k + 8 * u);
+            for (int u = 0; u < 2; u++)
+                w[c][u] = BF16 ? load_bf16x8((const uint16_t*)L->w + (size_t)(n0 + c) * K + k + 8 * u)
+                               : _mm256_loadu_ps(L->w + (size_t)(n0 + c) * K + k + 8 * u);
         for (int r = 0; r < R; r++)
             for (int u = 0; u < 2; u++) {
                 const __m256 xv = _mm256_loadu_ps(x + (size_t)(m0 + r) * K + k + 8 * u);
@@ -987,6 +993,26 @@ static inline void f32_tile8(const Lin* L, int n0, const float* x, int m0, float
             if (L->bias) v += L->bias[n0 + c];
             y[(size_t)(m0 + r) * ldy + n0 + c] = v;
         }
+}
+
+// F32 / BF16 weights on AVX2: tiles of 2 positions x 2 columns, each column's sum in one fixed order.
+template <bool BF16>
+static void float_tiles8(const Lin* L, int M, const float* x, float* y) {
+    const int N = L->N, C = 4;
+    const int ntiles = (N + C - 1) / C;
+#pragma omp for schedule(static) PARLEY_NOWAIT
+    for (int t = 0; t < ntiles; t++) {
+        const int n0 = t * C;
+        if (n0 + C > N) {  // ragged last columns: one at a time, the same arithmetic per column
+            for (int n = n0; n < N; n++)
+                for (int m = 0; m < M; m++) f32_tile8<1, 1, BF16>(L, n, x, m, y, N);
+            continue;
+        }
+        int m = 0;
+        for (; m + 2 <= M; m += 2)
+            f32_tile8<2, 2, BF16>(L, n0, x, m, y, N), f32_tile8<2, 2, BF16>(L, n0 + 2, x, m, y, N);
+        for (; m < M; m++) f32_tile8<1, 4, BF16>(L, n0, x, m, y, N);
+    }
 }
 #endif
 
@@ -1123,7 +1149,9 @@ static void linear(const Lin* L, int M, const float* x, const Act* a, float* y) 
         }
     }
 #elif PARLEY_AVX2
-    if (L->kind != W_F32) {
+    if (L->kind == W_BF16) float_tiles8<true>(L, M, x, y);
+    else if (L->kind == W_F32) float_tiles8<false>(L, M, x, y);
+    else {
         // Work items: (chunk of up to 64 positions, one 16-column block), chunk-major, as the AVX-512 path's.
         const int nbs = (N + 15) / 16, nmc = (M + 63) / 64;
 #pragma omp for schedule(static) PARLEY_NOWAIT
@@ -1142,21 +1170,6 @@ static void linear(const Lin* L, int M, const float* x, const Act* a, float* y) 
                 }
             }
         }
-        return;
-    }
-    const int C = 4;
-    const int ntiles = (N + C - 1) / C;
-#pragma omp for schedule(static) PARLEY_NOWAIT
-    for (int t = 0; t < ntiles; t++) {
-        const int n0 = t * C;
-        if (n0 + C > N) {  // ragged last columns: one at a time, the same arithmetic per column
-            for (int n = n0; n < N; n++)
-                for (int m = 0; m < M; m++) f32_tile8<1, 1>(L, n, x, m, y, N);
-            continue;
-        }
-        int m = 0;
-        for (; m + 2 <= M; m += 2) f32_tile8<2, 2>(L, n0, x, m, y, N), f32_tile8<2, 2>(L, n0 + 2, x, m, y, N);
-        for (; m < M; m++) f32_tile8<1, 4>(L, n0, x, m, y, N);
     }
 #else
 #pragma omp for schedule(static) PARLEY_NOWAIT
@@ -2381,7 +2394,9 @@ static void silu_mul_row(const float* r, int I, float* out, bool split) {
 #elif PARLEY_AVX2  // the same values, lane by lane
     for (int b = 0; b < I / 16; b++)
         for (int h = 0; h < 2; h++) {
-            const __m256 g = _mm256_loadu_ps(r + b * 32 + 8 * h), u = _mm256_loadu_ps(r + b * 32 + 16 + 8 * h);
+            const float* gp = (split ? r + b * 16 : r + b * 32) + 8 * h;
+            const float* up = (split ? r + I + b * 16 : r + b * 32 + 16) + 8 * h;
+            const __m256 g = _mm256_loadu_ps(gp), u = _mm256_loadu_ps(up);
             const __m256 e = exp256(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), g), _mm256_set1_ps(87.0f)));
             const __m256 sg = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
             _mm256_storeu_ps(out + b * 16 + 8 * h, _mm256_mul_ps(sg, u));
