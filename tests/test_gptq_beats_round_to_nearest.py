@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from parley.models.quantize.awq import gram
-from parley.models.quantize.gptq import gptq_round
+from parley.models.quantize.gptq import gptq_round, upper_cholesky_of_inverse
 from parley.models.quantize.pack import dequantize_int, group_params, quantize_int
 
 
@@ -57,3 +57,16 @@ def test_dead_input_channel():
     x[:, 5] = 0
     q, s, z = gptq_round(w, gram(x), 32)
     assert torch.isfinite(dequantize_int(q, s, z, 32)).all(), "seed 4"
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_upper_cholesky_of_inverse_is_the_references_factor(seed):
+    """One Cholesky and one triangular inverse give the reference's factor (Cholesky, inverse, Cholesky again):
+    U upper with U^T U = H^-1, and the same U, so GPTQ's error spreading is unchanged."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(300, 96, generator=g, dtype=torch.float64)
+    h = x.T @ x + 0.1 * torch.eye(96, dtype=torch.float64)
+    u = upper_cholesky_of_inverse(h)
+    reference = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    assert torch.equal(u, torch.triu(u)), f"seed {seed}: not upper triangular"
+    torch.testing.assert_close(u, reference, rtol=1e-9, atol=1e-12, msg=f"seed {seed}")

@@ -59,7 +59,7 @@ def test_streamed_folder_equals_the_whole_model_quantization(source, tier, monke
     tok = load_tokenizer(source)
     calibration = load_calibration(tok.encode, 4, 32, "builtin")
     report = awq_quantize(model, calibration.tokens, settings)
-    assert report.rotated
+    assert report.rotated == (tier == "gptq")  # the awq tier rounds the plain stream
     got = tensors(out.path / "model.safetensors")
     compared = 0
     for name, t in model.state_dict().items():

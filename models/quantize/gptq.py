@@ -21,7 +21,7 @@ from .pack import MAX_INT, Bounds, group_params
 
 @torch.no_grad()
 def gptq_round(w: Tensor, h: Tensor, group_size: int, bounds: Bounds | None = None, *, act_order: bool = False,
-               damp: float = 0.01, block: int = 128) -> tuple[Tensor, Tensor, Tensor]:
+               damp: float = 0.01, block: int = 32) -> tuple[Tensor, Tensor, Tensor]:
     """Integer weights q int32 [out, in] in [0, 15] with their group (scales, zeros) [out, in/group] for
     weight w [out, in] on inputs with Gram matrix h [in, in] (any positive scale)."""
     w = w.float().clone()
@@ -36,9 +36,11 @@ def gptq_round(w: Tensor, h: Tensor, group_size: int, bounds: Bounds | None = No
     w, h = w[:, order], h[order][:, order]
     col_scale, col_zero = col_scale[:, order], col_zero[:, order]
     h.diagonal().add_(damp * h.diagonal().mean())
-    # The upper Cholesky factor of H^-1: row j holds how column j's error spreads over the later columns.
-    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    hinv = upper_cholesky_of_inverse(h)  # row j: how column j's error spreads over the later columns
     q = torch.empty_like(w, dtype=torch.int32)
+    # Columns a small block at a time: inside a block each column's error updates the block's later columns (a
+    # rank-1 update in place), and the block's errors reach every later column in one product. 32 rather than
+    # the reference's 128: on a CPU the in-block updates are elementwise work, the product is not.
     for b0 in range(0, in_f, block):
         b1 = min(b0 + block, in_f)
         wb = w[:, b0:b1].clone()
@@ -49,11 +51,20 @@ def gptq_round(w: Tensor, h: Tensor, group_size: int, bounds: Bounds | None = No
             qc = (torch.round(col / col_scale[:, c]) + col_zero[:, c]).clamp(0, MAX_INT)
             q[:, c] = qc.to(torch.int32)
             e = (col - (qc - col_zero[:, c]) * col_scale[:, c]) / hinv[c, c]
-            wb[:, j:] -= e[:, None] * hinv[c, c:b1][None, :]
+            wb[:, j:].addr_(e, hinv[c, c:b1], alpha=-1)
             err[:, j] = e
         w[:, b1:] -= err @ hinv[b0:b1, b1:]
     inverse = torch.argsort(order)
     return q[:, inverse].contiguous(), scales, zeros
+
+
+def upper_cholesky_of_inverse(h: Tensor) -> Tensor:
+    """U upper triangular with H^-1 = U^T U, from one Cholesky factorisation and one triangular inverse (the
+    reference's Cholesky, inverse and second Cholesky cost about twice as much: 25 s for an 8192-wide H on a
+    CPU): with J the reversal, J H J = L L^T gives H^-1 = (J L^-T J)(J L^-1 J), and J L^-1 J is upper."""
+    flipped = torch.linalg.cholesky(h.flip(0, 1))
+    eye = torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
+    return torch.linalg.solve_triangular(flipped, eye, upper=False).flip(0, 1)
 
 
 @torch.no_grad()

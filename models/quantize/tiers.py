@@ -14,16 +14,16 @@ from typing import Any
 TIERS = {
     "full": "rotation, AWQ scales, clipping, GPTQ, scale refit, rotated down_proj, then the distillation",
     "gptq": "the full method less the distillation (which holds the whole model and trains it)",
-    "awq": "rotation, AWQ scales and clipping, rounded to nearest (no GPTQ, no refit, no distillation)",
-    "rtn": "rotation, then round to nearest: no calibration at all",
+    "awq": "AWQ scales and clipping, rounded to nearest (no rotation, GPTQ, refit or distillation)",
+    "rtn": "round to nearest: no calibration at all",
 }
 # Calibration (sequences x tokens) per tier on a CPU; a GPU takes default_calibration_size for every tier.
 CPU_CALIBRATION = {"full": (32, 256), "gptq": (16, 256), "awq": (8, 256), "rtn": (1, 16)}
 
-# Above this many decoder parameters a CPU first run takes the next tier down. Measured on the Llama-3.2-1B shape
-# (2-core AVX2 machine, fp32 search, one layer of 61M parameters): rtn 25 CPU-s a layer, awq 162 CPU-s. rtn
-# would keep a 1B first run within minutes, but as the engine runs it the rtn tier measured +83% perplexity on
-# the embedded model (awq's search is what makes INT4 usable), so auto does not choose it: awq above 0.5B.
+# Above this many decoder parameters a CPU first run takes the next tier down. The awq tier's first run of the
+# Llama-3.2-1B shape took 3 min 15 s on the 2-core machine (344 CPU-s, 3.7 GB peak RSS, another test run beside
+# it); GPTQ and the scale refit alone (no search) took ~145 s a 1B layer there. rtn is not chosen: +32% perplexity on the
+# embedded model against awq's +14% (docs/quantization.md).
 CPU_TIER_LIMITS = (("full", 0.5e9), ("awq", float("inf")))
 CPU_BF16_TIER_LIMITS = CPU_TIER_LIMITS
 
