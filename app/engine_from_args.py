@@ -27,6 +27,7 @@ def engine_from_args(args: argparse.Namespace, *, progress=None, **overrides: An
         "compile": getattr(args, "compile", None),
         "kv_cache": getattr(args, "kv_cache", None),  # auto / None: PARLEY_KV_CACHE, else the device's default
         "threads": getattr(args, "threads", None),
+        "parallel": getattr(args, "parallel", None),
         "chat_template": getattr(args, "chat_template", None),
         "progress": progress,
     }

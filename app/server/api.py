@@ -1,10 +1,11 @@
 """`parley serve`: the in-process engine behind the OpenAI HTTP API, so editors, scripts and agents can use it.
 
-The standard library's threading HTTP server is enough: there is one engine and it answers one request at a
-time, so an async framework would buy nothing. Each request gets a thread; requests take turns at the engine
-through a bounded FIFO (`EngineQueue`, 429 when full). A client that goes away cancels its reply (one that only
-half-closes its socket after the request still gets it: `Handler._client_gone`); the engine
-reuses its KV cache for the longest common prefix, so the turns of one conversation only prefill what is new.
+The standard library's threading HTTP server is enough: each request gets a thread, and the engine's scheduler
+decodes every running reply in one pass (continuous batching: `engine/scheduler.py`). Up to `--parallel` replies
+run at once (the engine's KV slots); `--queue-size` more wait in arrival order (`EngineQueue`), and beyond that a
+request gets 429 with Retry-After. A client that goes away cancels its reply, freeing its slot for the next (one
+that only half-closes its socket after the request still gets it: `Handler._client_gone`); each reply takes the
+slot holding the longest prefix of its prompt, so the turns of one conversation only prefill what is new.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="let web pages of ORIGIN (such as http://localhost:3000) call the API; by default a "
                              "request from any web page (an Origin header) is refused")
     parser.add_argument("--queue-size", type=int, default=DEFAULT_QUEUE_SIZE,
-                        help=f"requests that may wait for the engine; more get 429 (default {DEFAULT_QUEUE_SIZE})")
+                        help="requests that may wait while --parallel replies run; more get 429 "
+                             f"(default {DEFAULT_QUEUE_SIZE})")
 
 
 def add_key_arguments(parser: argparse.ArgumentParser, what: str) -> None:
@@ -82,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         raise ValueError(f"cannot listen on {args.host}:{args.port} ({e.strerror}); pick another --port") from None
     host, port = server.server_address[:2]
-    print(f"parley serve: {engine.model_name} on http://{host}:{port}/v1 "
-          f"(queue {args.queue_size}{', API key required' if args.api_key else ''}); Ctrl+C stops", file=sys.stderr)
+    print(f"parley serve: {engine.model_name} on http://{host}:{port}/v1 ({parallel_of(engine)} replies at once, "
+          f"queue {args.queue_size}{', API key required' if args.api_key else ''}); Ctrl+C stops", file=sys.stderr)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print("parley serve: warning: listening beyond this machine without --api-key", file=sys.stderr)
     try:
@@ -179,34 +181,45 @@ class RequestError(Exception):
         self.param, self.status, self.kind = param, status, kind
 
 
-class EngineQueue:
-    """First come, first served turns at the one engine; at most `size` requests wait behind the running one.
+def parallel_of(engine: Any) -> int:
+    """How many replies the engine runs at once: its KV slots (`Engine.parallel`); 1 for an engine without them."""
+    return max(1, int(getattr(engine, "parallel", 1) or 1))
 
-    The engine itself runs one reply at a time (`Engine.turn`); this is kept beside it for what a lock cannot
-    give an HTTP server: arrival order, a bound on waiting requests (429 past it), and dropping a request
-    whose client left while it waited, before it ever reaches the engine.
+
+class EngineQueue:
+    """Admission to the engine: up to `parallel` requests run at once (the engine's KV slots: each running reply
+    holds one, and the engine decodes them together), at most `size` more wait in arrival order, and a request
+    beyond that is refused (429, Retry-After) before its prompt is even tokenized.
+
+    Kept beside the engine's scheduler for what an HTTP server needs: arrival order, a bound on waiting requests,
+    and dropping a request whose client left while it waited, before it ever reaches the engine. A finished or
+    cancelled reply frees its place at once (`release`), and the first waiting request takes it.
     """
 
-    def __init__(self, size: int) -> None:
-        self.size = size
+    def __init__(self, size: int, parallel: int = 1) -> None:
+        self.size, self.parallel = size, parallel
         self._cond = threading.Condition()
         self._waiting: deque[object] = deque()
-        self._busy = False
+        self._running = 0
 
     @property
     def waiting(self) -> int:
         return len(self._waiting)
 
     @property
+    def running(self) -> int:
+        return self._running
+
+    @property
     def busy(self) -> bool:
-        return self._busy
+        return self._running > 0
 
     def join(self) -> object:
         with self._cond:
-            if len(self._waiting) >= self.size and (self._busy or self._waiting):
-                raise RequestError(f"the server is busy: {len(self._waiting)} request(s) already wait for the "
-                                   "engine (parley serve --queue-size); retry later", status=429,
-                                   kind="rate_limit_error")
+            if len(self._waiting) >= self.size and (self._running >= self.parallel or self._waiting):
+                raise RequestError(f"the server is busy: {self._running} replies run (parley serve --parallel) and "
+                                   f"{len(self._waiting)} request(s) already wait (--queue-size); retry later",
+                                   status=429, kind="rate_limit_error")
             ticket = object()
             self._waiting.append(ticket)
             return ticket
@@ -217,21 +230,22 @@ class EngineQueue:
             self._cond.notify_all()
 
     def wait_turn(self, ticket: object, gone: Callable[[], bool]) -> bool:
-        """Block until `ticket` is at the head and the engine is free; False if the client left meanwhile."""
+        """Block until `ticket` is at the head and a slot is free; False if the client left meanwhile."""
         with self._cond:
-            while self._busy or self._waiting[0] is not ticket:
+            while self._running >= self.parallel or self._waiting[0] is not ticket:
                 if gone():
                     self._waiting.remove(ticket)
                     self._cond.notify_all()
                     return False
                 self._cond.wait(0.1)  # wake now and then to notice a client that went away
             self._waiting.popleft()
-            self._busy = True
+            self._running += 1
+            self._cond.notify_all()  # the next in line may run too, if a slot is left
             return True
 
     def release(self) -> None:
         with self._cond:
-            self._busy = False
+            self._running -= 1
             self._cond.notify_all()
 
 
@@ -248,7 +262,7 @@ class ParleyServer(ThreadingHTTPServer):
         self.timeout_s = timeout
         self._slots = threading.BoundedSemaphore(max_connections)
         self.api_key = api_key
-        self.queue = EngineQueue(queue_size)
+        self.queue = EngineQueue(queue_size, parallel_of(engine))
         write = log or (lambda line: print(line, file=sys.stderr))
         self.log = lambda line: write(printable(line))  # request lines and client text carry terminal escapes
         self.created = int(time.time())
@@ -420,7 +434,9 @@ class Handler(BaseHTTPRequestHandler):
                 "max_model_len": engine.context_window,
             }]})
         elif path == "/health":
-            self._send_json({"status": "ok", "waiting": self.server.queue.waiting})
+            queue = self.server.queue
+            self._send_json({"status": "ok", "running": queue.running, "waiting": queue.waiting,
+                             "parallel": queue.parallel})
         else:
             raise RequestError(f"no route GET {path}: try GET /v1/models", status=404, kind="not_found_error")
 
@@ -831,7 +847,7 @@ def usage(stats: Stats | None) -> dict[str, Any]:
             "acceptance_rate": round(stats.acceptance_rate, 4),
             "tokens_per_target_pass": round(stats.tokens_per_target_pass, 4), "drafter": stats.drafter,
             "tokens_per_s": round(stats.tokens_per_s, 2), "ttft_s": round(stats.ttft_s, 4),
-            "kv_cache": stats.kv_cache, "step": stats.step,
+            "kv_cache": stats.kv_cache, "step": stats.step, "batch": stats.batch,
         },
     }
 

@@ -81,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # The engine's flags: the shared `parley serve` takes them, the tabs do not.
-MODEL_FLAGS = ("model", "quant", "draft", "device", "compile", "kv_cache", "threads")
+MODEL_FLAGS = ("model", "quant", "draft", "device", "compile", "kv_cache", "threads", "parallel")
 
 
 def flags(args: argparse.Namespace, add: Callable[[argparse.ArgumentParser], None],
