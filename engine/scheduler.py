@@ -79,6 +79,8 @@ class Job:
         self.ids, self.start, self.cancel = ids, start, cancel
         self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self.admitted = threading.Event()  # it holds a slot
+        self.slot: CachedModel | None = None  # the slot it holds (or held)
+        self.kept: list[int] = []  # the tokens its slot held when it ended
         self.finished = threading.Event()  # its generator ended and its slot is free again
 
 
@@ -169,6 +171,7 @@ class Scheduler:
             if slot is None:
                 break
             job = self._waiting.popleft()
+            job.slot = slot
             seq = _Seq(job, slot, job.start(slot))
             self._running.append(seq)
             job.admitted.set()
@@ -198,6 +201,7 @@ class Scheduler:
 
     def _end(self, seq: _Seq) -> None:
         seq.item = None
+        seq.job.kept = list(seq.slot.ids)
         with self._cond:
             self._running.remove(seq)
             self.pool.give_back(seq.slot)
