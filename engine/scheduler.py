@@ -82,6 +82,23 @@ class Job:
         self.slot: CachedModel | None = None  # the slot it holds (or held)
         self.kept: list[int] = []  # the tokens its slot held when it ended
         self.finished = threading.Event()  # its generator ended and its slot is free again
+        self._on_end: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def on_end(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the reply has ended and given its slot back (at once if it has)."""
+        with self._lock:
+            if not self.finished.is_set():
+                self._on_end.append(callback)
+                return
+        callback()
+
+    def end(self) -> None:
+        with self._lock:
+            self.finished.set()
+            callbacks, self._on_end = self._on_end, []
+        for callback in callbacks:
+            callback()
 
 
 class _Seq:
@@ -153,14 +170,18 @@ class Scheduler:
                     return
             for seq in admitted:
                 self._advance(seq, None)
-            self._step()
+            try:
+                self._step()
+            except Exception as e:  # a bug of the scheduler's own: end every reply with it, never hang them
+                for seq in list(self._running):
+                    self._fail(seq, e)
 
     def _admit(self) -> list[_Seq]:
         """Waiting replies into free slots, first come first served; a cancelled one leaves the queue at once."""
         for job in [j for j in self._waiting if j.cancel.is_set()]:
             self._waiting.remove(job)
             job.events.put(Done("cancelled"))
-            job.finished.set()
+            job.end()
         admitted = []
         while self._waiting and not (self._idle_work and self._running):
             if self._idle_work and not self._running:  # an engine-wide change waits for no reply to run
@@ -200,12 +221,15 @@ class Scheduler:
         self._end(seq)
 
     def _end(self, seq: _Seq) -> None:
+        """The reply is over: its slot goes back to the pool (once, whatever called this first)."""
         seq.item = None
-        seq.job.kept = list(seq.slot.ids)
         with self._cond:
+            if seq not in self._running:
+                return
+            seq.job.kept = list(seq.slot.ids)
             self._running.remove(seq)
             self.pool.give_back(seq.slot)
-        seq.job.finished.set()
+        seq.job.end()
 
     def _step(self) -> None:
         """Answer every question, then run one pass over every sequence's rows."""

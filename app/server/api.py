@@ -469,18 +469,27 @@ class Handler(BaseHTTPRequestHandler):
             self.server.finished.append("cancelled")
             return
         cancel = threading.Event()
+        released = threading.Lock()
+
+        def release() -> None:  # once: when the engine's reply ends, or when this request does if sooner
+            if released.acquire(blocking=False):
+                queue.release()
+
         try:
-            events = self._generate(req, cancel)
+            events = self._generate(req, cancel, release)
             if req.stream:
                 self._stream(req, events, cancel)
             else:
                 self._whole(req, events, cancel)
         finally:
             cancel.set()
-            queue.release()
+            release()
 
-    def _generate(self, req: CompletionRequest, cancel: threading.Event) -> Iterator[TextDelta | Stats | Done]:
-        """The engine's events with stop strings applied: text up to a stop string, then Done("eos")."""
+    def _generate(self, req: CompletionRequest, cancel: threading.Event,
+                  ended: Callable[[], None]) -> Iterator[TextDelta | Stats | Done]:
+        """The engine's events with stop strings applied: text up to a stop string, then Done("eos"). `ended` is
+        called as soon as the engine's reply ends (its slot is free), which may be before this client has read
+        all of it: the next waiting request runs meanwhile."""
 
         engine = self.server.engine
         if req.prompt is not None:  # raw text: the same loop over a tokenizer that takes the text as it is
@@ -489,7 +498,14 @@ class Handler(BaseHTTPRequestHandler):
         else:
             session, messages = engine.session(None), req.messages
         matcher = StopMatcher(req.stop)
-        for ev in session.reply(messages, req.params, cancel):
+        if hasattr(session, "start"):  # the in-process engine: its reply says when it frees its slot
+            stream = session.start(messages, req.params, cancel)
+            if stream.job is not None:
+                stream.job.on_end(ended)
+            replies: Iterable = stream
+        else:
+            replies = session.reply(messages, req.params, cancel)
+        for ev in replies:
             if isinstance(ev, TextDelta):
                 text, stopped = matcher.push(ev.text)
                 if text:
@@ -548,6 +564,8 @@ class Handler(BaseHTTPRequestHandler):
                 data["usage"] = None
             self._write(f"data: {json.dumps(data)}\n\n")
 
+        batch, said = 1, 1  # replies sharing the engine's passes: told with the next text when it changes
+
         try:
             if req.chat:
                 send({"delta": {"role": "assistant", "content": ""}, "finish_reason": None, "logprobs": None})
@@ -556,9 +574,11 @@ class Handler(BaseHTTPRequestHandler):
                     cancel.set()
                 if isinstance(ev, TextDelta):
                     piece = {"delta": {"content": ev.text}} if req.chat else {"text": ev.text}
-                    send({**piece, "finish_reason": None, "logprobs": None})
+                    extra = {"parley": {"batch": batch}} if batch != said else {}
+                    send({**piece, "finish_reason": None, "logprobs": None}, **extra)
+                    said = batch
                 elif isinstance(ev, Stats):
-                    stats = ev
+                    stats, batch = ev, ev.batch
                 elif isinstance(ev, Done):
                     done = ev
             if done.reason == "cancelled":
