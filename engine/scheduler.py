@@ -105,6 +105,12 @@ class _Seq:
     def __init__(self, job: Job, slot: CachedModel, gen: Reply) -> None:
         self.job, self.slot, self.gen = job, slot, gen
         self.item: Rows | Chunk | Guesses | None = None  # what it waits for; None once it ended
+        self.outbox: list[Event] = []  # events of this step, handed to the client just before the next pass
+
+    def flush(self) -> None:
+        for ev in self.outbox:
+            self.job.events.put(ev)
+        self.outbox.clear()
 
 
 class Scheduler:
@@ -208,7 +214,7 @@ class Scheduler:
                 if isinstance(item, (Rows, Chunk, Guesses)):
                     seq.item = item
                     return
-                seq.job.events.put(item)
+                seq.outbox.append(item)
         except StopIteration:
             self._end(seq)
         except Exception as e:  # the engine must stay usable after anything a reply hits
@@ -217,12 +223,13 @@ class Scheduler:
     def _fail(self, seq: _Seq, error: BaseException) -> None:
         seq.gen.close()
         seq.slot.rollback(0)  # its cache is in an unknown state: forget it
-        seq.job.events.put(Done("error", f"{type(error).__name__}: {error}"))
+        seq.outbox.append(Done("error", f"{type(error).__name__}: {error}"))
         self._end(seq)
 
     def _end(self, seq: _Seq) -> None:
         """The reply is over: its slot goes back to the pool (once, whatever called this first)."""
         seq.item = None
+        seq.flush()
         with self._cond:
             if seq not in self._running:
                 return
@@ -240,8 +247,12 @@ class Scheduler:
                 self._advance(seq, answer)
         ready = [s for s in running if isinstance(s.item, Rows)]
         if not ready:
+            for seq in running:
+                seq.flush()
             return
         parts = [(s.slot, s.item.tokens, s.item.parents, s.item.wanted) for s in ready]
+        for seq in running:  # the clients read this step's events while the pass runs (it releases the GIL)
+            seq.flush()
         try:
             logits = forward_batch(parts)
         except Exception as e:
