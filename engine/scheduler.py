@@ -4,10 +4,16 @@ A reply is a generator (`Session`'s reply loop) that yields its events and what 
 receives the answers:
   `Chunk(left)`    -> how many of its prompt's `left` unread tokens to read in the next pass;
   `Guesses(...)`   -> how many of its drafter's guesses to verify in the next pass;
-  `Rows(tokens)`   -> the logits of those rows, once the pass has run.
+  `Rows(tokens)`   -> the logits of those rows, once the pass has run;
+  `SYNC`           -> nothing, once its client has taken every event sent so far.
 The first two are questions only the scheduler can answer, since it sees every sequence; the reply then yields
-its `Rows`. Each step the scheduler admits waiting replies to free slots of the KV pool, answers the questions,
-runs ONE pass over every sequence's rows (`forward_batch`: on the native step one call, each row attending its
+its `Rows`. `SYNC` comes where the reply reads its cancel flag and live parameters (each round, each prompt
+chunk): a client that cancels, or moves a slider, on seeing an event gets the same next round as when it drove
+the reply itself, and a reply never runs more than a round ahead of what its client has taken. A client slow to
+take its events only holds its own reply back (after a short grace, a pass goes without it).
+
+Each step the scheduler admits waiting replies to free slots of the KV pool, answers the questions, runs ONE
+pass over every sequence's rows (`forward_batch`: on the native step one call, each row attending its
 own sequence's cache) and hands each reply its logits. A reply that ends gives its slot back at once; the next
 waiting reply takes it at the next step. The batch of one is the same loop with one sequence in it.
 
@@ -25,8 +31,9 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import weakref
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
@@ -36,6 +43,15 @@ from .kv_pool import KVPool
 from .speculation_pay import PassCost
 
 SHARED_CHUNK = 128  # prompt tokens per pass beside other sequences: ~0.1 s of the 135M model on 2 cores
+GRACE_S = 0.02  # how long a step waits for clients to take their events before a pass goes without their replies
+
+
+class _Sync:
+    def __repr__(self) -> str:
+        return "SYNC"
+
+
+SYNC = _Sync()  # see the module's docstring
 
 
 @dataclass
@@ -68,7 +84,7 @@ class Guesses:
     least: int = 0
 
 
-Reply = Generator["Event | Rows | Chunk | Guesses", object, None]
+Reply = Generator["Event | Rows | Chunk | Guesses | _Sync", object, None]
 
 
 class Job:
@@ -84,6 +100,31 @@ class Job:
         self.finished = threading.Event()  # its generator ended and its slot is free again
         self._on_end: list[Callable[[], None]] = []
         self._lock = threading.Lock()
+        self.sent = self.taken = 0  # events handed to the client; of those, the ones it is done with
+        self.detached = False  # the client stopped reading (closed its stream): nothing to wait for
+        self.wake: Callable[[], None] = lambda: None  # tells the scheduler the client caught up
+
+    def send(self, events: list[Event]) -> None:
+        with self._lock:
+            self.sent += len(events)
+        for ev in events:
+            self.events.put(ev)
+
+    def took(self) -> None:
+        """The client is done with one more event (it asks for the next)."""
+        with self._lock:
+            self.taken += 1
+            caught_up = self.taken >= self.sent
+        if caught_up:
+            self.wake()
+
+    def detach(self) -> None:
+        self.detached = True
+        self.wake()
+
+    @property
+    def caught_up(self) -> bool:
+        return self.detached or self.taken >= self.sent
 
     def on_end(self, callback: Callable[[], None]) -> None:
         """Call `callback` once the reply has ended and given its slot back (at once if it has)."""
@@ -104,13 +145,14 @@ class Job:
 class _Seq:
     def __init__(self, job: Job, slot: CachedModel, gen: Reply) -> None:
         self.job, self.slot, self.gen = job, slot, gen
-        self.item: Rows | Chunk | Guesses | None = None  # what it waits for; None once it ended
+        self.item: Rows | Chunk | Guesses | _Sync | None = None  # what it waits for; None once it ended
         self.outbox: list[Event] = []  # events of this step, handed to the client just before the next pass
+        self.slow = False  # its client missed the last grace: passes do not wait for it until it catches up
 
     def flush(self) -> None:
-        for ev in self.outbox:
-            self.job.events.put(ev)
-        self.outbox.clear()
+        if self.outbox:
+            self.job.send(self.outbox)
+            self.outbox = []
 
 
 class Scheduler:
@@ -124,6 +166,7 @@ class Scheduler:
         self._running: list[_Seq] = []
         self._thread: threading.Thread | None = None
         self._idle_work: list[Callable[[], None]] = []
+        self.pass_sizes: Counter[int] = Counter()  # passes run, by how many replies shared them
 
     @property
     def waiting(self) -> int:
@@ -177,10 +220,16 @@ class Scheduler:
             for seq in admitted:
                 self._advance(seq, None)
             try:
-                self._step()
+                ran = self._step()
             except Exception as e:  # a bug of the scheduler's own: end every reply with it, never hang them
                 for seq in list(self._running):
                     self._fail(seq, e)
+                continue
+            if not ran:
+                with self._cond:  # every reply waits for its client: sleep until one catches up or one arrives
+                    if not any(s.job.caught_up for s in self._running if s.item is SYNC) and not (
+                            self._waiting and self.pool.free):
+                        self._cond.wait(0.1)
 
     def _admit(self) -> list[_Seq]:
         """Waiting replies into free slots, first come first served; a cancelled one leaves the queue at once."""
@@ -199,6 +248,7 @@ class Scheduler:
                 break
             job = self._waiting.popleft()
             job.slot = slot
+            job.wake = self._wake
             seq = _Seq(job, slot, job.start(slot))
             self._running.append(seq)
             job.admitted.set()
@@ -211,7 +261,11 @@ class Scheduler:
             while True:
                 item = seq.gen.send(answer)
                 answer = None
-                if isinstance(item, (Rows, Chunk, Guesses)):
+                if item is SYNC:
+                    seq.flush()
+                    if seq.job.caught_up:
+                        continue
+                if isinstance(item, (Rows, Chunk, Guesses, _Sync)):
                     seq.item = item
                     return
                 seq.outbox.append(item)
@@ -238,8 +292,33 @@ class Scheduler:
             self.pool.give_back(seq.slot)
         seq.job.end()
 
-    def _step(self) -> None:
-        """Answer every question, then run one pass over every sequence's rows."""
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _resume(self) -> None:
+        """Replies waiting for their clients go on once those have caught up: a step waits up to GRACE_S for the
+        clients that kept up last time; a slow one's reply sits the pass out (and is not waited for again until
+        its client has caught up)."""
+        parked = [s for s in self._running if s.item is SYNC]
+        if not parked:
+            return
+        with self._cond:
+            deadline = time.monotonic() + GRACE_S
+            while True:
+                awaited = [s for s in parked if not s.job.caught_up and not s.slow]
+                left = deadline - time.monotonic()
+                if not awaited or left <= 0:
+                    break
+                self._cond.wait(left)
+        for seq in parked:
+            seq.slow = not seq.job.caught_up
+            if not seq.slow:
+                self._advance(seq, None)
+
+    def _step(self) -> bool:
+        """Answer every question, then run one pass over every sequence's rows; False when no reply could go on."""
+        self._resume()
         running = list(self._running)
         asks = [s for s in running if isinstance(s.item, (Chunk, Guesses))]
         if asks:
@@ -249,7 +328,7 @@ class Scheduler:
         if not ready:
             for seq in running:
                 seq.flush()
-            return
+            return bool(asks)
         parts = [(s.slot, s.item.tokens, s.item.parents, s.item.wanted) for s in ready]
         for seq in running:  # the clients read this step's events while the pass runs (it releases the GIL)
             seq.flush()
@@ -258,7 +337,8 @@ class Scheduler:
         except Exception as e:
             for seq in ready:
                 self._fail(seq, e)
-            return
+            return True
+        self.pass_sizes[len(ready)] += 1
         if all(s.item.ready is not None for s in ready):  # decode and verification rows only: the cost model's
             from . import session  # its round clock times the rounds (a test drives it)
 
@@ -267,6 +347,7 @@ class Scheduler:
         for seq, out in zip(ready, logits, strict=True):
             seq.item.batch = len(ready)
             self._advance(seq, out)
+        return True
 
     def _plan(self, running: list[_Seq]) -> list[int]:
         """Answers to the running sequences' questions, in the order they ask: prompt tokens for each `Chunk`
@@ -356,7 +437,9 @@ class ReplyStream:
                 if isinstance(ev, Done):
                     ended = True
                     return
+                self.job.took()  # the caller is done with it (it asks for the next)
         finally:
             if not ended:
                 self.job.cancel.set()
+                self.job.detach()
                 self.job.finished.wait()

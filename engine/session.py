@@ -16,7 +16,7 @@ from .events import Done, Event, Notice, Prefill, Stats, TextDelta
 from .params import GenerationParams, checked
 from .prefix import common_prefix
 from .reply_stats import ReplyStats
-from .scheduler import Chunk, Guesses, Job, Reply, ReplyStream, Rows
+from .scheduler import SYNC, Chunk, Guesses, Job, Reply, ReplyStream, Rows
 from .speculation_pay import PayCheck, best_length
 from .speculative import AdaptiveDraftLength, Proposal, depth_first, verify, verify_tree
 
@@ -109,6 +109,7 @@ class Session:
         pay, landed, expected = PayCheck(cost), 0, 0.0  # landed / expected: how well scores predict
         self.reply_ids = []
         while True:
+            yield SYNC  # the client has seen every token so far: its cancel and sliders are read now
             params, problem = checked(live, params)
             if problem and problem != rejected:
                 yield Notice(problem)
@@ -215,6 +216,7 @@ class Session:
         target.rollback(reused)
         at = reused
         while at < len(ids):
+            yield SYNC
             if cancel.is_set():
                 return None
             if len(ids) - reused > PREFILL_CHUNK:

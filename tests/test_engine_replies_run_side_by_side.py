@@ -1,8 +1,11 @@
 """Replies share the engine: a second reply runs beside one in flight (each in its own KV slot, decoded in the
-same passes) instead of waiting for it; engine-wide choices wait for no reply to run: a KV cache type chosen
-mid-reply (the panel) never swaps the cache under a running reply, and applies to the replies after it."""
+same passes) instead of waiting for it, and a reader that stops reading holds back only its own reply;
+engine-wide choices wait for no reply to run: a KV cache type chosen mid-reply (the panel) never swaps the cache
+under a running reply, and applies to the replies after it."""
 
 from __future__ import annotations
+
+import threading
 
 from tiny import tiny_engine
 
@@ -20,14 +23,28 @@ def test_a_second_reply_runs_beside_the_first():
     engine.tokenizer.stop_ids = frozenset()
     first = engine.session().start(ASK, LONG)
     events = iter(first)
-    next(events)  # the first reply holds a slot and decodes
+    next(events)  # the first reply holds a slot and decodes (while its reader reads)
+    rest: dict = {}
+    reader = threading.Thread(target=lambda: rest.update(reply=consume(events)))
+    reader.start()
     second = consume(engine.session().reply(OTHER, SHORT))
     assert second.done.reason == "length" and second.stats.new_tokens == 6
     assert not first.job.finished.is_set(), "the second reply waited for the first to end"
-    assert second.stats.batch == 2  # it shared its passes with the first
-    rest = consume(events)
-    assert rest.done.reason == "length"
+    reader.join()
+    assert rest["reply"].done.reason == "length"
+    assert engine.scheduler.pass_sizes[2] > 0  # the two shared passes
     assert engine.pool.busy == 0 and len(engine.pool.slots) == 2
+
+
+def test_a_reader_that_stops_reading_holds_back_its_own_reply_only():
+    engine = tiny_engine(parallel=2)
+    engine.tokenizer.stop_ids = frozenset()
+    stalled = iter(engine.session().start(ASK, LONG))
+    next(stalled)  # then not read: the reply waits for its reader, at most a round ahead of it
+    second = consume(engine.session().reply(OTHER, SHORT))
+    assert second.done.reason == "length" and second.stats.new_tokens == 6
+    rest = consume(stalled)
+    assert rest.done.reason == "length" and rest.text
 
 
 def test_a_kv_cache_chosen_mid_reply_applies_once_no_reply_runs():
