@@ -78,10 +78,12 @@ class Chunk:
 @dataclass
 class Guesses:
     """A round asks how many of its guesses to verify: `scores[i]` is the chance that the first i + 1 land
-    (calibrated); `least`, how many it wants verified when its round is the only one in the pass."""
+    (calibrated); `least`, how many it wants verified when its round is the only one in the pass; `rows`, the rows
+    its round holds besides the guesses (the pending token, and the prompt's last tokens in a reply's first round)."""
 
     scores: list[float]
     least: int = 0
+    rows: int = 1
 
 
 Reply = Generator["Event | Rows | Chunk | Guesses | _Sync", object, None]
@@ -353,7 +355,8 @@ class Scheduler:
         """Answers to the running sequences' questions, in the order they ask: prompt tokens for each `Chunk`
         (the shortest prompts first, within the pass's budget), guesses for each `Guesses`."""
         asks = [s.item for s in running if isinstance(s.item, (Chunk, Guesses))]
-        decoding = [s for s in running if isinstance(s.item, (Rows, Guesses))]
+        decoding = [s for s in running if isinstance(s.item, Guesses) or (
+            isinstance(s.item, Rows) and s.item.wanted < len(s.item.tokens))]
         alone = len(running) == 1 and not self._waiting
         budget = PREFILL_CHUNK if alone else SHARED_CHUNK
         answers: dict[int, int] = {}
@@ -365,9 +368,10 @@ class Scheduler:
         rounds = [i for i, a in enumerate(asks) if isinstance(a, Guesses)]
         guesses = [asks[i] for i in rounds]
         if len(decoding) > 1:  # a guess verified only to measure is a luxury beside other sequences
-            guesses = [Guesses(g.scores, 0) for g in guesses]
+            guesses = [Guesses(g.scores, 0, g.rows) for g in guesses]
         tokens = len(decoding)  # every decoding sequence decides at least one token
-        for i, n in zip(rounds, share_guesses(guesses, rows + len(rounds), tokens, self._cost()), strict=True):
+        rows += sum(g.rows for g in guesses)
+        for i, n in zip(rounds, share_guesses(guesses, rows, tokens, self._cost()), strict=True):
             answers[i] = n
         return [answers[i] for i in range(len(asks))]
 

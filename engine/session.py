@@ -16,7 +16,7 @@ from .events import Done, Event, Notice, Prefill, Stats, TextDelta
 from .params import GenerationParams, checked
 from .prefix import common_prefix
 from .reply_stats import ReplyStats
-from .scheduler import SYNC, Chunk, Guesses, Job, Reply, ReplyStream, Rows
+from .scheduler import SHARED_CHUNK, SYNC, Chunk, Guesses, Job, Reply, ReplyStream, Rows
 from .speculation_pay import PayCheck, best_length
 from .speculative import AdaptiveDraftLength, Proposal, depth_first, verify, verify_tree
 
@@ -96,11 +96,13 @@ class Session:
         engine (prompt chunks to read, guesses to verify, rows of the next pass), receiving the answers.
         `params`: the valid snapshot of `live` the reply started with."""
         eng = self.engine
-        # Prefill everything but the last prompt token; that one is the first input of round one.
-        reused = yield from self._prefill(target, ids[:-1], cancel)
-        if reused is None:
+        # Prefill everything but the last prompt token; that one is the first input of round one, and the prompt's
+        # last few tokens (`rest`, at most SHARED_CHUNK) ride in round one's pass with it.
+        prefilled = yield from self._prefill(target, ids[:-1], cancel)
+        if prefilled is None:
             yield Done("cancelled")
             return
+        reused, rest = prefilled
         figures.reused_tokens = reused
         figures.prompt_tokens = len(ids) - figures.reused_tokens
         pending, generator, stream = ids[-1], sampling.make_generator(params.seed), eng.tokenizer.stream()
@@ -114,12 +116,12 @@ class Session:
             if problem and problem != rejected:
                 yield Notice(problem)
             rejected, budget = problem, params.max_new_tokens - figures.new_tokens
-            if end := self._end(target, cancel, params, budget):
+            if end := self._end(target, len(rest), cancel, params, budget):
                 reason, detail = end
                 break
             # propose: a drafter guesses up to k tokens (k adapts; never past the budget or the window)
             started = round_clock()
-            context, drafter = [*target.ids, pending], own_drafter(target, eng.drafter(params.speculation))
+            context, drafter = [*target.ids, *rest, pending], own_drafter(target, eng.drafter(params.speculation))
             auto = params.speculation == "auto" and drafter is not None
             adapt.k_max = params.draft_tokens
             k = min(adapt.k, target.max_len - len(context), budget - 1) if drafter else 0
@@ -135,22 +137,26 @@ class Session:
                 # pass holds: the scheduler shares guesses out across its sequences); alone, at least one, so the
                 # cost of longer passes and how well guesses land go on being measured; a tree's nodes (more than
                 # k) each take a slot of the window
-                n = yield Guesses([min(1.0, s * calibration) for s in guess.scores], least=1)
+                n = yield Guesses([min(1.0, s * calibration) for s in guess.scores], least=1, rows=1 + len(rest))
                 guess = guess.first(min(n, target.max_len - len(context)))
             draft = guess.tokens
             # forward + verify: one target pass scores every guess and decides one token past them
             verifying = round_clock()
             pay.shadow(shadow, verifying - started)
+            timed = None if rest else verifying  # a round carrying prompt rows is no sample of decoding's cost
             if guess.branches and target.trees:
                 order = depth_first(guess.parents)
                 at = {i: n + 1 for n, i in enumerate(order)}  # guess -> node of the pass (node 0: the pending token)
                 tokens = [pending, *(draft[i] for i in order)]
                 nodes = [-1, *(at.get(guess.parents[i], 0) for i in order)]
-                rows = Rows(tokens, parents=nodes, ready=verifying)
+                r = len(rest)  # the prompt's rest, a chain before the tree: node m of the tree is row r + m
+                rows = Rows([*rest, *tokens], parents=[*range(-1, r), *(r + p for p in nodes[1:])], wanted=r,
+                            ready=timed)
                 logits = yield rows
                 new, path, depth = self._verify_tree(logits, tokens, nodes, context, params, generator)
+                path = [*range(r), *(r + m for m in path)]
             else:
-                rows = Rows([pending, *draft], ready=verifying)
+                rows = Rows([*rest, pending, *draft], wanted=len(rest), ready=timed)
                 logits = yield rows
                 new = verify(sampling.probs(logits, params, history=context, drafted=draft), draft, guess.q,
                              generator)
@@ -163,8 +169,9 @@ class Session:
                 landed, expected = landed + len(new) - 1, expected + sum(guess.scores)
             # commit what is shown: up to a stop token (whose KV is never claimed) and the budget
             shown, stopped = cut(new, eng.tokenizer.stop_ids, budget)
-            kept = 1 + len(shown) if stopped else len(shown)
+            kept = len(rest) + (1 + len(shown) if stopped else len(shown))
             target.commit_path(path[:kept]) if path else target.commit(kept)
+            rest = []
             figures.drafter = drafter.name if drafter and (figures.drafter or draft) else figures.drafter
             figures.speculation_note = pay.note
             yield from self._show(shown, min(len(shown), len(new) - 1), len(draft), stream, figures)
@@ -208,14 +215,15 @@ class Session:
 
     @staticmethod
     def _prefill(target: CachedModel, ids: list[int], cancel: threading.Event) -> Reply:
-        """Put `ids` in the slot's cache, reusing its longest common prefix, in chunks the scheduler sizes; more
-        than PREFILL_CHUNK to read reports `Prefill` progress (tokens of this reply's prompt read, of those to
-        read), and a cancel stops between chunks (the cache then holds a prefix of `ids`). Returns the tokens
-        reused, or None when cancelled."""
+        """Put `ids` in the slot's cache, reusing its longest common prefix, in chunks the scheduler sizes, all
+        but the last SHARED_CHUNK tokens at most (returned, for round one's pass); more than PREFILL_CHUNK to read
+        reports `Prefill` progress (tokens of this reply's prompt read, of those to read), and a cancel stops
+        between chunks (the cache then holds a prefix of `ids`). Returns (tokens reused, the rest), or None when
+        cancelled."""
         reused = common_prefix(target.ids, ids)
         target.rollback(reused)
         at = reused
-        while at < len(ids):
+        while len(ids) - at > SHARED_CHUNK:
             yield SYNC
             if cancel.is_set():
                 return None
@@ -223,22 +231,22 @@ class Session:
                 yield Prefill(at - reused, len(ids) - reused)
             n = 0
             while n == 0:  # the scheduler may give this pass's prompt budget to shorter prompts first
-                n = yield Chunk(len(ids) - at)
+                n = yield Chunk(len(ids) - at - SHARED_CHUNK)
             chunk = ids[at : at + n]
             yield Rows(chunk, wanted=len(chunk))
             target.commit(len(chunk))
             at += len(chunk)
-        return reused
+        return reused, ids[at:]
 
     @staticmethod
-    def _end(target: CachedModel, cancel: threading.Event, params: GenerationParams,
+    def _end(target: CachedModel, rest: int, cancel: threading.Event, params: GenerationParams,
              budget: int) -> tuple[str, str] | None:
-        """Why the reply ends before this round, if it does."""
+        """Why the reply ends before this round, if it does (`rest`: prompt tokens still to read with it)."""
         if cancel.is_set():
             return "cancelled", ""
         if budget <= 0:
             return "length", f"max_new_tokens={params.max_new_tokens} reached"
-        if len(target.ids) + 1 > target.max_len:  # no slot for the pending token
+        if len(target.ids) + rest + 1 > target.max_len:  # no slot for the pending token
             return "length", f"context window of {target.max_len} tokens is full"
         return None
 
