@@ -22,6 +22,7 @@ BENCHES = {
     "kernels": "bench.kernels",
     "passes": "bench.passes",
     "quality": "bench.quality",
+    "serve": "bench.serve",
     "speculative": "bench.speculative",
 }
 
