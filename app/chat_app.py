@@ -82,7 +82,7 @@ class ParleyApp(App[int]):
 
         driver = super().get_driver_class()
         if driver is WebDriver:
-            from parley.app.server.web import TabDriver
+            from parley.app.server.tab_driver import TabDriver
 
             return TabDriver
         return driver

@@ -7,11 +7,9 @@ import ast
 import errno
 import importlib
 import importlib.util
-import json
 import os
 import re
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -143,84 +141,6 @@ def end_progress() -> None:
         _progress_open = False
 
 
-def read_prompt(args: argparse.Namespace, stdin=None) -> str:
-    """The prompt: the argument, or stdin when it is `-` or absent and stdin is not a terminal; with
-    the `--file` document before it (as the chat app sends an attachment)."""
-    stdin = stdin if stdin is not None else sys.stdin
-    prompt = args.prompt
-    if prompt == "-" or (prompt is None and not stdin.isatty()):
-        prompt = stdin.read()
-    if prompt is None:
-        raise ValueError("no prompt: give it as an argument, or pipe it in (echo 'question' | parley generate)")
-    if args.file:
-        from pathlib import Path
-
-        from .store import compose_user_content
-
-        path = Path(args.file).expanduser()
-        try:
-            document = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise ValueError(f"--file {path}: not UTF-8 text") from None
-        except OSError as e:
-            raise ValueError(f"--file {path}: {e.strerror or e}") from None
-        prompt = compose_user_content(prompt.strip(), document.replace("\r\n", "\n").replace("\r", "\n"))
-    if not prompt.strip():
-        raise ValueError("the prompt is empty: give a question as an argument or on stdin")
-    return prompt
-
-
-def cmd_generate(args: argparse.Namespace) -> int:
-    from ..engine.events import Notice, TextDelta, consume
-    from .engine_from_args import engine_from_args
-
-    params = params_from_args(args)
-    prompt = read_prompt(args)
-    engine = engine_from_args(args, progress=print_progress)  # this module's (under -m, cli is __main__)
-    for name, value in (getattr(engine, "sampling_defaults", None) or ({}, ""))[0].items():
-        if getattr(args, name, None) is None:  # the model's recommended value unless a flag says otherwise
-            setattr(params, name, value)
-    messages = [{"role": "user", "content": prompt}]
-    if args.raw:  # continue the text as written, as /v1/completions does (llama-cli -no-cnv)
-        if args.system or getattr(args, "server", None):
-            raise ValueError("--raw continues text with the local engine: it takes no --system or --server")
-        from .server.api import raw_session
-
-        session = raw_session(engine)
-    else:
-        session = engine.session(system_prompt=args.system)
-
-    def show(ev, _reply) -> None:
-        end_progress()
-        if isinstance(ev, TextDelta):
-            sys.stdout.write(ev.text)
-            sys.stdout.flush()
-        elif isinstance(ev, Notice):
-            print(f"parley: {ev.text}", file=sys.stderr)
-
-    try:
-        reply = consume(session.reply(messages, params, threading.Event()), show)
-    except KeyboardInterrupt:
-        return 130
-    stats, done, produced = reply.stats, reply.done, bool(reply.text)
-    if produced and not reply.text.endswith("\n"):
-        sys.stdout.write("\n")  # the output ends with a newline, before any --stats line
-    sys.stdout.flush()
-    if args.stats and stats is not None:
-        print(json.dumps({**stats.to_json(), "done": done.reason if done else None}), file=sys.stderr)
-    if done is not None and done.reason == "error":
-        print(f"parley: error: {done.detail}", file=sys.stderr)
-        return 1
-    if done is not None and done.reason == "length" and "context" in done.detail:
-        print(f"parley: error: {done.detail}", file=sys.stderr)
-        return 3
-    if not produced:
-        print("parley: error: the model produced no text (try another prompt, a higher --max-new-tokens "
-              "or --temperature)", file=sys.stderr)
-        return 1
-    return 0
-
-
 # -- remote: an OpenAI-compatible server instead of the in-process engine (issue 11) ---------------------
 
 
@@ -240,25 +160,6 @@ def add_remote_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --server: the context length, when the server does not tell it")
 
 
-def connect_remote(args: argparse.Namespace, progress=print_progress):
-    """The remote backend from the flags; ValueError (printed as `parley: error: ...`) says what to fix."""
-    from ..engine.remote import RemoteEngine, insecure_warning
-    from .server.api import api_key as read_key
-
-    api_key = read_key(args, env=("PARLEY_API_KEY", "OPENAI_API_KEY"))
-    warning = insecure_warning(args.server)
-    if warning:
-        print(f"parley: warning: {warning}", file=sys.stderr)
-    tokenizer = None
-    if args.tokenizer:
-        from ..models.resolve import resolve
-        from ..models.tokenizer import load_tokenizer
-
-        tokenizer = load_tokenizer(resolve(args.tokenizer, progress=progress))
-    return RemoteEngine.connect(args.server, api_key=api_key, model=args.model, tokenizer=tokenizer,
-                                context_window=args.context_window)
-
-
 # -- the parser ------------------------------------------------------------------------------------------
 
 
@@ -267,25 +168,16 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     them when `argv` is None), so `parley --help` stays free of torch."""
     parser = argparse.ArgumentParser(prog="parley", description=__doc__)
     sub = parser.add_subparsers(dest="command")
-    commands = {"chat": "tui", "quantize": "cli_quantize", "web": "server.web", "serve": "server.api"}
+    commands = {"chat": "tui", "generate": "generate", "quantize": "cli_quantize", "web": "server.web",
+                "serve": "server.api"}
     wanted = None if argv is None else commands.get(argv[0] if argv else "")
     if argv is not None and len(argv) > 1 and argv[0] == "bench":
         wanted = BENCHES.get(argv[1])
 
     add_module_command(sub, "chat", "tui", "open the chat app (the default)", load=argv is None or wanted == "tui")
 
-    gen = sub.add_parser("generate", help="answer one prompt headlessly, streaming to stdout")
-    gen.add_argument("prompt", nargs="?", default=None,
-                     help="the question; '-' or left out with a pipe: read it from stdin")
-    gen.add_argument("--file", default=None, metavar="PATH",
-                     help="attach a text file: it is sent before the prompt (as llama-cli's /read)")
-    gen.add_argument("--system", default=None, help="system prompt")
-    gen.add_argument("--raw", action="store_true",
-                     help="continue the prompt text as written: no chat template (base models, completion)")
-    gen.add_argument("--stats", action="store_true", help="print final stats as one JSON line on stderr")
-    add_model_arguments(gen)
-    add_sampling_arguments(gen)
-    add_remote_arguments(gen)  # remote (issue 11)
+    add_module_command(sub, "generate", "generate", "answer one prompt headlessly, streaming to stdout",
+                       load=argv is None or wanted == "generate")
 
     add_module_command(sub, "web", "server.web", "serve the chat app in a browser (127.0.0.1)",
                        load=argv is None or wanted == "server.web")
@@ -346,9 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             print(f"parley: error: {problem}", file=sys.stderr)
             return 2
-        if args.command == "generate":
-            return cmd_generate(args)
-        if args.command in ("chat", "web", "quantize", "bench", "serve"):
+        if args.command in ("chat", "generate", "web", "quantize", "bench", "serve"):
             if getattr(args, "unavailable", None):
                 parser.error(f"{' '.join(argv[:2])} is unavailable: {args.unavailable}")
             return args.module.run(args)

@@ -7,6 +7,7 @@ nowhere else, so a flag added there reaches every command that loads a model.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 
@@ -17,7 +18,7 @@ def engine_from_args(args: argparse.Namespace, *, progress=None, **overrides: An
 
     progress = progress or cli.print_progress
     if getattr(args, "server", None):  # an OpenAI-compatible server instead of the in-process engine
-        return cli.connect_remote(args, progress)
+        return connect_remote(args, progress)
     from ..engine.engine import Engine
 
     options: dict[str, Any] = {
@@ -33,3 +34,22 @@ def engine_from_args(args: argparse.Namespace, *, progress=None, **overrides: An
     }
     options.update(overrides)
     return Engine.load(getattr(args, "model", None), **options)
+
+
+def connect_remote(args: argparse.Namespace, progress=None):
+    """The remote backend from the flags; ValueError (printed as `parley: error: ...`) says what to fix."""
+    from ..engine.remote import RemoteEngine, insecure_warning
+    from .server.keys import api_key as read_key
+
+    api_key = read_key(args, env=("PARLEY_API_KEY", "OPENAI_API_KEY"))
+    warning = insecure_warning(args.server)
+    if warning:
+        print(f"parley: warning: {warning}", file=sys.stderr)
+    tokenizer = None
+    if args.tokenizer:
+        from ..models.resolve import resolve
+        from ..models.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(resolve(args.tokenizer, progress=progress))
+    return RemoteEngine.connect(args.server, api_key=api_key, model=args.model, tokenizer=tokenizer,
+                                context_window=args.context_window)

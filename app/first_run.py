@@ -31,7 +31,7 @@ def four_bit_gguf(ref: str | None) -> str | None:
     """The 4-bit types of a local .gguf model's decoder ("Q4_1"), or None (another model, or a default that
     is a hub download): read from the file's header, nothing dequantized."""
     from parley.models.errors import ModelLoadError
-    from parley.models.gguf_int4 import four_bit_types
+    from parley.models.gguf_weights import four_bit_types
     from parley.models.resolve import default_model_ref, embedded_model_path
 
     try:
@@ -157,7 +157,7 @@ def stand_in_fits(files: object) -> str | None:
     the memory available beside the quantizer's own (one fp32 layer several times over, and its calibration);
     otherwise a line saying what it needs."""
     from parley.models.loading import load_config
-    from parley.models.quantize.cache import fast_cpu_bf16
+    from parley.models.quantize.methods import fast_cpu_bf16
     from parley.models.quantize.tiers import decoder_params
 
     config = load_config(files)

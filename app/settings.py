@@ -1,19 +1,19 @@
 """Settings that survive a restart: sampling values, speculation, max tokens, system prompt, theme.
 
-One JSON file in the platform's config folder (PARLEY_CONFIG_DIR overrides it), written atomically
-(a temporary file renamed over the old one), so a crash mid-write never leaves half a file. A damaged
-file is reported once and replaced by defaults, never a traceback.
+One JSON file in the platform's config folder (PARLEY_CONFIG_DIR overrides it), written atomically (a temporary
+file renamed over the old one: parley.cache_files), so a crash mid-write never leaves half a file. A damaged file
+is reported once and replaced by defaults, never a traceback.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from platformdirs import user_config_dir
 
+from parley.cache_files import write_json_atomic
 from parley.engine.params import GenerationParams
 
 # The GenerationParams fields kept (seed is per-run on purpose: a fixed seed surprises on the next start).
@@ -84,10 +84,7 @@ class Settings:
     def save(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".settings-", suffix=".json", dir=self.path.parent)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.values, f, indent=2, sort_keys=True)
-            os.replace(tmp, self.path)
+            write_json_atomic(self.path, self.values, indent=2, sort_keys=True)
         except OSError as e:
             self.problem = f"Settings could not be saved to {self.path} ({e})"
 

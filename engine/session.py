@@ -4,13 +4,12 @@ verify -> commit, driven by the engine's scheduler (engine/scheduler.py) beside 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..models.chat_template import RenderCancelled
-from . import sampling
+from . import sampling, scheduler
 from .cached_model import PREFILL_CHUNK, CachedModel
 from .events import Done, Event, Notice, Prefill, Stats, TextDelta
 from .params import GenerationParams, checked
@@ -22,9 +21,6 @@ from .speculative import AdaptiveDraftLength, Proposal, depth_first, verify, ver
 
 if TYPE_CHECKING:
     from .engine import Engine
-
-round_clock = time.perf_counter  # times each round for `auto` (a module name, so a test can drive it)
-
 
 class Session:
     """One conversation. Its KV state lives in a slot of the engine's pool: each reply takes the free slot
@@ -120,7 +116,7 @@ class Session:
                 reason, detail = end
                 break
             # propose: a drafter guesses up to k tokens (k adapts; never past the budget or the window)
-            started = round_clock()
+            started = scheduler.round_clock()
             context, drafter = [*target.ids, *rest, pending], own_drafter(target, eng.drafter(params.speculation))
             auto = params.speculation == "auto" and drafter is not None
             adapt.k_max = params.draft_tokens
@@ -141,7 +137,7 @@ class Session:
                 guess = guess.first(min(n, target.max_len - len(context)))
             draft = guess.tokens
             # forward + verify: one target pass scores every guess and decides one token past them
-            verifying = round_clock()
+            verifying = scheduler.round_clock()
             pay.shadow(shadow, verifying - started)
             timed = None if rest else verifying  # a round carrying prompt rows is no sample of decoding's cost
             if guess.branches and target.trees:

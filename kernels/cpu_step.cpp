@@ -3,8 +3,16 @@
 // Why one native step: a decode token of a 135M model is ~85 MB of weights, a few milliseconds at memory
 // speed, while an eager PyTorch step spends about as long again on ~1,000 small op launches. Here a step is
 // one call: INT4 weights times 8-bit activations with integer dot products (AVX-512 VNNI where the CPU has
-// it), attention read straight from the cache in its stored form (fp32, bf16, int8 or int8-K/int4-V), and
-// OpenMP threads across output columns / heads.
+// it, else AVX2), attention read straight from the cache in its stored form (fp32, bf16, int8 or int8-K/int4-V),
+// and OpenMP threads across output columns / heads.
+//
+// Three flavours, by what the compiler may target (-march=native; `parley_simd` says which): AVX-512 VNNI
+// (PARLEY_VNNI), AVX2 + FMA + F16C (PARLEY_AVX2: CPUs without AVX-512, most laptops) and portable loops. The
+// AVX2 flavour computes the VNNI path's values bit for bit: the same exact int32 sum per activation block (its
+// `vpmaddubsw` int16 pairs cannot saturate, see q4_tile), the same float operations in the same order, its
+// 16-lane sums and trees on two 8-lane halves (tests/test_native_portable_loops.py compares the two builds'
+// logits); a change to one's float arithmetic is a change to the other's. The portable loops compute the same
+// quantities in other orders. Every flavour is batch invariant as below.
 //
 // Batch invariance by construction: every per-position quantity (activation quantization, each output
 // column's dot product, each head's attention row) is computed by the same sequence of operations whether
@@ -12,12 +20,15 @@
 // loaded weights; they never reorder a position's arithmetic. So a position's logits are bitwise the same
 // in a decode pass, a verification pass or a prefill chunk. Build with -ffp-contract=off.
 //
-// Sections: an optional per-phase timer (-DPARLEY_PROFILE builds only); small helpers; activation quantization
-// (int8 per 64 or 32 inputs); the products (INT4 / int8-head tiles of 1..8 positions x 16 columns, INT4 and
-// int8-head pair tiles of 4 or 8 positions x 32 columns, portable loops, `linear`); the KV cache (writes in
-// stored form, attention in 256-key blocks with an optional per-layer sliding window, head_dim up to 256 on the
-// vector paths); the entry points (`parley_forward`, `parley_linear` / `parley_attention` for tests against
-// independent references, and `parley_read_gbs`, the bandwidth probe of `parley bench decode`).
+// Sections: an optional per-phase timer (-DPARLEY_PROFILE builds only); small helpers (AVX2: 8-lane sums,
+// exp256); activation quantization (int8 per 64 or 32 inputs); the products (VNNI: INT4 / int8-head tiles of
+// 1..8 positions x 16 columns, INT4 and int8-head pair tiles of 4 or 8 positions x 32 columns; AVX2: tiles of
+// 1..8 positions (the head 1..4) x 8 columns, a 16-column block as two halves; portable loops; `linear`); the KV
+// cache (writes in stored form, attention in 256-key blocks with an optional per-layer sliding window, head_dim
+// up to 256 on the vector paths; AVX2: int8 scores and values in `vpmaddwd`, fp32 / bf16 / k8v4 in the VNNI
+// path's float order); the rest of a pass (SiLU / GeGLU, the Hadamard rotation, rope); the entry points
+// (`parley_forward`, `parley_linear` / `parley_attention` for tests against independent references, and
+// `parley_read_gbs`, the bandwidth probe of `parley bench decode`).
 #include <algorithm>
 #include <type_traits>
 #include <cmath>
@@ -29,8 +40,14 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define PARLEY_VNNI 1
+#define PARLEY_AVX2 0
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define PARLEY_VNNI 0
+#define PARLEY_AVX2 1
 #else
 #define PARLEY_VNNI 0
+#define PARLEY_AVX2 0
 #endif
 
 // Optional per-phase timer, for finding where a pass's threads wait (build with PARLEY_NATIVE_FLAGS=-DPARLEY_PROFILE;
@@ -216,6 +233,26 @@ static void rmsnorm_rows(const float* x, const float* w, float* out, int nr, int
         }
         _mm512_storeu_pd(ss, acc);
     } else
+#elif PARLEY_AVX2
+    if (nr >= 4 && n % 4 == 0) {
+        // groups of 4 rows, lane r of a double vector row r's sum (4 inputs of 4 rows transposed per step); two
+        // groups side by side when there are 8 rows; rows past the last group of 4 in the loop below
+        const int ng = nr / 4;
+        __m256d acc[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
+        for (int i = 0; i < n; i += 4)
+            for (int gi = 0; gi < ng; gi++) {
+                __m256d r[4];
+                for (int k = 0; k < 4; k++) r[k] = _mm256_cvtps_pd(_mm_loadu_ps(x + (size_t)(4 * gi + k) * n + i));
+                const __m256d t0 = _mm256_unpacklo_pd(r[0], r[1]), t1 = _mm256_unpackhi_pd(r[0], r[1]);
+                const __m256d t2 = _mm256_unpacklo_pd(r[2], r[3]), t3 = _mm256_unpackhi_pd(r[2], r[3]);
+                const __m256d c[4] = {_mm256_permute2f128_pd(t0, t2, 0x20), _mm256_permute2f128_pd(t1, t3, 0x20),
+                                      _mm256_permute2f128_pd(t0, t2, 0x31), _mm256_permute2f128_pd(t1, t3, 0x31)};
+                for (int j = 0; j < 4; j++) acc[gi] = _mm256_add_pd(acc[gi], _mm256_mul_pd(c[j], c[j]));
+            }
+        for (int gi = 0; gi < ng; gi++) _mm256_storeu_pd(ss + 4 * gi, acc[gi]);
+        for (int i = 0; i < n; i++)
+            for (int r = 4 * ng; r < nr; r++) ss[r] += (double)x[(size_t)r * n + i] * x[(size_t)r * n + i];
+    } else
 #endif
     {
         for (int i = 0; i < n; i++)
@@ -246,6 +283,58 @@ static inline __m512 exp512(__m512 x) {
     p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f));
     __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+#endif
+
+#if PARLEY_AVX2
+// AVX2 + FMA (CPUs without AVX-512: most laptops): 8 float or int32 lanes, 16 registers. Horizontal sums in a
+// fixed tree, so a lane's result depends only on its inputs.
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+static inline float hmax8(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
+static inline int32_t hsum8i(__m256i v) {  // exact
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1)));
+}
+
+static inline __m256 abs8(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+
+// Lanes 0 .. cnt - 1 set (cnt may be <= 0 or >= 8): the mask of the masked loads and stores.
+static inline __m256i lanes8(int cnt) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// 4 vectors of 8 int32 in [-128, 127] -> 32 int8 in order, at dst.
+static inline void store_i8x32(int8_t* dst, __m256i q0, __m256i q1, __m256i q2, __m256i q3) {
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+    _mm256_storeu_si256((__m256i*)dst, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+// exp512's polynomial on 8 lanes: each lane bitwise exp_scalar's.
+static inline __m256 exp256(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504089f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693145751953125f)));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(1.428606765330187e-06f)));
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 120));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 24));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 6));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(0.5f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 #endif
 
@@ -317,6 +406,28 @@ static void quantize_row(const float* x, int K, int bs, const Act* a, int m) {
         }
         d[b] = db;
         xs[b] = _mm512_reduce_add_epi32(sum);
+#elif PARLEY_AVX2  // the same values again
+        __m256 xv[8];
+        __m256 mv = _mm256_setzero_ps();
+        for (int u = 0; u < 2 * nv; u++) {
+            xv[u] = _mm256_loadu_ps(xb + 8 * u);
+            mv = _mm256_max_ps(mv, abs8(xv[u]));
+        }
+        const float amax = hmax8(mv);
+        const float db = amax / 127.0f, inv = db > 0 ? 1.0f / db : 0.0f;
+        const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
+        __m256i sum = _mm256_setzero_si256();
+        for (int u = 0; u < 2 * nv; u += 4) {
+            __m256i qi[4];
+            for (int k = 0; k < 4; k++) {
+                qi[k] = _mm256_cvtps_epi32(_mm256_mul_ps(xv[u + k], _mm256_set1_ps(inv)));
+                qi[k] = _mm256_max_epi32(_mm256_min_epi32(qi[k], lim), nlim);
+                sum = _mm256_add_epi32(sum, qi[k]);
+            }
+            store_i8x32(q + b * bs + 8 * u, qi[0], qi[1], qi[2], qi[3]);
+        }
+        d[b] = db;
+        xs[b] = hsum8i(sum);
 #else
         float amax = 0.0f;
         for (int i = 0; i < bs; i++) amax = std::fmax(amax, std::fabs(xb[i]));
@@ -653,6 +764,258 @@ static inline void f32_tile(const Lin* L, int n0, const float* x, int m0, float*
 }
 #endif
 
+#if PARLEY_AVX2
+// The products on AVX2: the same packed layouts, a 16-column block as two halves of 8 columns (bytes 0..31 and
+// 32..63 of each 64-byte vector), the 8 columns in the 8 int32 lanes. `vpmaddubsw` multiplies the unsigned
+// weight bytes by a broadcast word of 4 signed activations and adds adjacent pairs to int16; `vpmaddwd` by ones
+// then adds the pairs to one int32 per column. INT4: a nibble (0..15) times an activation (|x| <= 127) is at
+// most 1,905, a pair 3,810, so the int16 pairs of 8 words (32 inputs) add up exactly (<= 30,480) before one
+// `vpmaddwd` per 32 inputs; the zero point enters as - z x the block sum (`vpmaddwd` of -z by it, |sum| <=
+// 8,128). Every sum per activation block is the exact int32 of the AVX-512 path (which holds 16 x it, its
+// scale / 16), met by its scale in one multiply-add in input order: per (position, column) the same float
+// operations whatever the tile, and for INT4 and the int8 head the AVX-512 path's own values.
+constexpr int PREFETCH_BYTES = 4096;  // as the AVX-512 path's
+
+// The sum as it stands, in a register: GCC reassociates a chain of integer adds into a tree of all the products
+// (exact either way), keeping each product on the stack until the tree sums them; this keeps the chain.
+static inline __m256i chain(__m256i v) {
+    __asm__("" : "+x"(v));
+    return v;
+}
+
+template <int R, int AB, int NH>
+static inline void q4_tile(const Lin* L, int nb, int h0, const Act* a, int m0, float* y, int ldy) {
+    const int K = L->K, nc = K / 64, G = L->group, ng = K / G, cpg = G >= 64 ? G / 64 : 1;
+    const uint8_t* wq = L->q + (size_t)nb * nc * 512 + 32 * h0;
+    const uint16_t* S = L->s16 + (size_t)nb * ng * 16 + 8 * h0;
+    const uint8_t* Z = L->z + (size_t)nb * ng * 16 + 8 * h0;
+    const uint16_t* Mn = L->m16 ? L->m16 + (size_t)nb * ng * 16 + 8 * h0 : nullptr;
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256 acc[R][NH];
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < NH; h++) acc[r][h] = _mm256_setzero_ps();
+    // per half of the chunk (groups of 32; else both the chunk's group): -z as int16 in the low half of each
+    // lane, the scale, the minimum (zero without one)
+    __m256i zn[2][NH];
+    __m256 sc[2][NH], mn[2][NH];
+    for (int hf = 0; hf < 2; hf++)
+        for (int h = 0; h < NH; h++) zn[hf][h] = _mm256_setzero_si256(), sc[hf][h] = mn[hf][h] = _mm256_setzero_ps();
+    for (int ci = 0; ci < nc; ci++) {
+        if (ci % cpg == 0) {
+            for (int hf = 0; hf < (G == 32 ? 2 : 1); hf++) {
+                const int g = G == 32 ? 2 * ci + hf : ci / cpg;
+                for (int h = 0; h < NH; h++) {
+                    const size_t o = (size_t)g * 16 + 8 * h;
+                    const __m256i z = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(Z + o)));
+                    zn[hf][h] = _mm256_and_si256(_mm256_sub_epi32(_mm256_setzero_si256(), z), _mm256_set1_epi32(0xffff));
+                    sc[hf][h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(S + o)));
+                    if (Mn) mn[hf][h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(Mn + o)));
+                }
+            }
+            if (G != 32)
+                for (int h = 0; h < NH; h++) zn[1][h] = zn[0][h], sc[1][h] = sc[0][h], mn[1][h] = mn[0][h];
+        }
+        const uint8_t* w = wq + (size_t)ci * 512;
+        // The low nibbles (inputs 0..31 of the chunk), then the high ones (32..63): one int16 sum per position in
+        // registers, so a tile holds 8 positions (both at once spilled sums to the stack at 4).
+        __m256i part[2][R][NH];
+        if constexpr (R == 1) {  // one position: both nibbles of each vector as it is loaded (4 sums)
+            __m256i acc16[2][NH];
+            for (int hf = 0; hf < 2; hf++)
+                for (int h = 0; h < NH; h++) acc16[hf][h] = _mm256_setzero_si256();
+            for (int t0 = 0; t0 < 8; t0 += 2)
+                for (int t = t0; t < t0 + 2; t++) {
+                    _mm_prefetch((const char*)(w + PREFETCH_BYTES + t * 64), _MM_HINT_T0);
+                    const int8_t* x = a->q + (size_t)m0 * K + ci * 64 + 4 * t;
+                    const __m256i xl = _mm256_set1_epi32(load_i32(x)), xh = _mm256_set1_epi32(load_i32(x + 32));
+                    for (int h = 0; h < NH; h++) {
+                        const __m256i v = _mm256_loadu_si256((const __m256i*)(w + t * 64 + 32 * h));
+                        acc16[0][h] = chain(_mm256_add_epi16(acc16[0][h], _mm256_maddubs_epi16(_mm256_and_si256(v, lo4), xl)));
+                        acc16[1][h] = chain(_mm256_add_epi16(acc16[1][h], _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo4), xh)));
+                    }
+                }
+            for (int hf = 0; hf < 2; hf++)
+                for (int h = 0; h < NH; h++) part[hf][0][h] = _mm256_madd_epi16(acc16[hf][h], ones);
+        } else
+#pragma GCC unroll 2
+        for (int hf = 0; hf < 2; hf++) {
+            __m256i acc16[R][NH];
+            for (int r = 0; r < R; r++)
+                for (int h = 0; h < NH; h++) acc16[r][h] = _mm256_setzero_si256();
+            for (int t0 = 0; t0 < 8; t0 += 2)  // two steps a round: rolled one at a time, GCC copied every sum between registers
+                for (int t = t0; t < t0 + 2; t++) {
+                    if (hf == 0) _mm_prefetch((const char*)(w + PREFETCH_BYTES + t * 64), _MM_HINT_T0);
+                    __m256i wt[NH];
+                    for (int h = 0; h < NH; h++) {
+                        const __m256i v = _mm256_loadu_si256((const __m256i*)(w + t * 64 + 32 * h));
+                        wt[h] = _mm256_and_si256(hf ? _mm256_srli_epi16(v, 4) : v, lo4);
+                    }
+                    for (int r = 0; r < R; r++) {
+                        const __m256i xb = _mm256_set1_epi32(load_i32(a->q + (size_t)(m0 + r) * K + ci * 64 + 32 * hf + 4 * t));
+                        for (int h = 0; h < NH; h++) acc16[r][h] = chain(_mm256_add_epi16(acc16[r][h], _mm256_maddubs_epi16(wt[h], xb)));
+                    }
+                }
+            for (int r = 0; r < R; r++)
+                for (int h = 0; h < NH; h++) part[hf][r][h] = _mm256_madd_epi16(acc16[r][h], ones);
+        }
+        for (int r = 0; r < R; r++)
+            for (int h = 0; h < NH; h++) {
+                const __m256i bl = part[0][r][h], bh = part[1][r][h];
+                if constexpr (AB == 32) {  // the two blocks of the chunk apart, each with its own group
+                    for (int hf = 0; hf < 2; hf++) {
+                        const size_t blk = (size_t)(m0 + r) * 2 * nc + 2 * ci + hf;
+                        const __m256i b = _mm256_add_epi32(hf ? bh : bl, _mm256_madd_epi16(zn[hf][h], _mm256_set1_epi32(a->xs[blk])));
+                        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b), _mm256_mul_ps(_mm256_set1_ps(a->d[blk]), sc[hf][h]), acc[r][h]);
+                        if (Mn) acc[r][h] = _mm256_fmadd_ps(_mm256_set1_ps(a->d[blk] * (float)a->xs[blk]), mn[hf][h], acc[r][h]);
+                    }
+                } else {
+                    const size_t blk = (size_t)(m0 + r) * nc + ci;
+                    const __m256i b = _mm256_add_epi32(_mm256_add_epi32(bl, bh), _mm256_madd_epi16(zn[0][h], _mm256_set1_epi32(a->xs[blk])));
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b), _mm256_mul_ps(_mm256_set1_ps(a->d[blk]), sc[0][h]), acc[r][h]);
+                }
+            }
+    }
+    for (int h = 0; h < NH; h++) {
+        const int n0 = nb * 16 + 8 * (h0 + h), cnt = L->N - n0;
+        if (cnt <= 0) break;
+        const __m256i mask = lanes8(cnt);
+        for (int r = 0; r < R; r++) {
+            __m256 v = acc[r][h];
+            if (L->bias) v = _mm256_add_ps(v, _mm256_maskload_ps(L->bias + n0, mask));
+            float* dst = y + (size_t)(m0 + r) * ldy + n0;
+            if (cnt >= 8) _mm256_storeu_ps(dst, v);
+            else _mm256_maskstore_ps(dst, mask, v);
+        }
+    }
+}
+
+// The int8 head: signed weights w = byte - 128 (the layout's +128 undone), |w| <= 128 unsigned times
+// sign(x, w) (|x| <= 127): w x exactly, a pair at most 32,512, no int16 saturation; `vpmaddwd` by ones each
+// word. The exact int32 per 32 inputs of the AVX-512 path (its - 128 x block sum done here in the bytes).
+template <int R, int NH>
+static inline void q8_tile(const Lin* L, int nb, int h0, const Act* a, int m0, float* y, int ldy) {
+    const int K = L->K, nc = K / 64;
+    const uint8_t* wq = L->q + (size_t)nb * nc * 1024 + 32 * h0;
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    __m256 acc[R][NH];
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < NH; h++) acc[r][h] = _mm256_setzero_ps();
+    for (int ci = 0; ci < nc; ci++) {
+        const uint8_t* w = wq + (size_t)ci * 1024;
+        for (int half = 0; half < 2; half++) {
+            __m256i ib[R][NH];
+            for (int r = 0; r < R; r++)
+                for (int h = 0; h < NH; h++) ib[r][h] = _mm256_setzero_si256();
+            for (int t0 = 0; t0 < 8; t0 += 2)  // unrolled whole, GCC kept every product on the stack to sum later
+                for (int t = t0; t < t0 + 2; t++) {
+                    __m256i ws[NH], wa[NH];
+                    for (int h = 0; h < NH; h++) {
+                        ws[h] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(w + (half * 8 + t) * 64 + 32 * h)), flip);
+                        wa[h] = _mm256_abs_epi8(ws[h]);
+                    }
+                    for (int r = 0; r < R; r++) {
+                        const __m256i x = _mm256_set1_epi32(load_i32(a->q + (size_t)(m0 + r) * K + ci * 64 + half * 32 + 4 * t));
+                        for (int h = 0; h < NH; h++)
+                            ib[r][h] = chain(_mm256_add_epi32(ib[r][h], _mm256_madd_epi16(_mm256_maddubs_epi16(wa[h], _mm256_sign_epi8(x, ws[h])), ones)));
+                    }
+                }
+            for (int r = 0; r < R; r++) {
+                const size_t blk = (size_t)(m0 + r) * (K / 32) + 2 * ci + half;
+                for (int h = 0; h < NH; h++)
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib[r][h]), _mm256_set1_ps(a->d[blk]), acc[r][h]);
+            }
+        }
+    }
+    for (int h = 0; h < NH; h++) {
+        const int n0 = nb * 16 + 8 * (h0 + h), cnt = L->N - n0;
+        if (cnt <= 0) break;
+        const __m256i mask = lanes8(cnt);
+        const __m256 s = _mm256_maskload_ps(L->s + n0, mask);
+        for (int r = 0; r < R; r++) {
+            __m256 v = _mm256_mul_ps(acc[r][h], s);
+            if (L->bias) v = _mm256_add_ps(v, _mm256_maskload_ps(L->bias + n0, mask));
+            float* dst = y + (size_t)(m0 + r) * ldy + n0;
+            if (cnt >= 8) _mm256_storeu_ps(dst, v);
+            else _mm256_maskstore_ps(dst, mask, v);
+        }
+    }
+}
+
+// Positions m0 .. m0 + R - 1 (R <= 8) of column block nb: one position reads both halves of each weight vector
+// at once (one pass over the block's bytes, which stream from memory), more a half at a time (their sums and
+// the weights stay within the 16 registers).
+template <int R>
+static inline void quant_tile(const Lin* L, int nb, const Act* a, int m0, float* y) {
+    constexpr int NH = R == 1 ? 2 : 1;
+    if constexpr (R > 4) {
+        if (L->kind == W_Q8) {  // the head's int32 sums: 4 positions fill the registers
+            quant_tile<4>(L, nb, a, m0, y);
+            quant_tile<R - 4>(L, nb, a, m0 + 4, y);
+            return;
+        }
+    }
+    for (int h0 = 0; h0 < 2; h0 += NH) {
+        if (L->kind == W_Q8) q8_tile<(R > 4 ? 4 : R), NH>(L, nb, h0, a, m0, y, L->N);
+        else if (lin_block(L) == 32) q4_tile<R, 32, NH>(L, nb, h0, a, m0, y, L->N);
+        else q4_tile<R, 64, NH>(L, nb, h0, a, m0, y, L->N);
+    }
+}
+
+// fp32 weights: the AVX-512 path's f32_tile on two 8-lane halves of its 16 lanes (lane l sums inputs k = l mod 16
+// in input order), reduced as _mm512_reduce_add_ps reduces (halves, quarters, then pairs): its bits.
+static inline float hsum16(__m256 lo, __m256 hi) { return hsum8(_mm256_add_ps(hi, lo)); }
+
+static inline __m256 load_bf16x8(const uint16_t* p) {  // 8 bf16 -> fp32, exact
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+
+template <int R, int C, bool BF16 = false>
+static inline void f32_tile8(const Lin* L, int n0, const float* x, int m0, float* y, int ldy) {
+    const int K = L->K;
+    __m256 acc[R][C][2];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c][0] = acc[r][c][1] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k += 16) {
+        __m256 w[C][2];
+        for (int c = 0; c < C; c++)
+            for (int u = 0; u < 2; u++)
+                w[c][u] = BF16 ? load_bf16x8((const uint16_t*)L->w + (size_t)(n0 + c) * K + k + 8 * u)
+                               : _mm256_loadu_ps(L->w + (size_t)(n0 + c) * K + k + 8 * u);
+        for (int r = 0; r < R; r++)
+            for (int u = 0; u < 2; u++) {
+                const __m256 xv = _mm256_loadu_ps(x + (size_t)(m0 + r) * K + k + 8 * u);
+                for (int c = 0; c < C; c++) acc[r][c][u] = _mm256_fmadd_ps(w[c][u], xv, acc[r][c][u]);
+            }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            float v = hsum16(acc[r][c][0], acc[r][c][1]);
+            if (L->bias) v += L->bias[n0 + c];
+            y[(size_t)(m0 + r) * ldy + n0 + c] = v;
+        }
+}
+
+// F32 / BF16 weights on AVX2: tiles of 2 positions x 2 columns, each column's sum in one fixed order.
+template <bool BF16>
+static void float_tiles8(const Lin* L, int M, const float* x, float* y) {
+    const int N = L->N, C = 4;
+    const int ntiles = (N + C - 1) / C;
+#pragma omp for schedule(static) PARLEY_NOWAIT
+    for (int t = 0; t < ntiles; t++) {
+        const int n0 = t * C;
+        if (n0 + C > N) {  // ragged last columns: one at a time, the same arithmetic per column
+            for (int n = n0; n < N; n++)
+                for (int m = 0; m < M; m++) f32_tile8<1, 1, BF16>(L, n, x, m, y, N);
+            continue;
+        }
+        int m = 0;
+        for (; m + 2 <= M; m += 2)
+            f32_tile8<2, 2, BF16>(L, n0, x, m, y, N), f32_tile8<2, 2, BF16>(L, n0 + 2, x, m, y, N);
+        for (; m < M; m++) f32_tile8<1, 4, BF16>(L, n0, x, m, y, N);
+    }
+}
+#endif
+
 // Portable fallbacks (no AVX-512 VNNI): the same layouts and quantities, plain loops; still batch invariant.
 static void q4_col_scalar(const Lin* L, int n, const Act* a, int m, float* y, int ldy) {
     const int K = L->K, nc = K / 64, G = L->group, ng = K / G, nb = n / 16, c = n % 16;
@@ -785,6 +1148,29 @@ static void linear(const Lin* L, int M, const float* x, const Act* a, float* y) 
             }
         }
     }
+#elif PARLEY_AVX2
+    if (L->kind == W_BF16) float_tiles8<true>(L, M, x, y);
+    else if (L->kind == W_F32) float_tiles8<false>(L, M, x, y);
+    else {
+        // Work items: (chunk of up to 64 positions, one 16-column block), chunk-major, as the AVX-512 path's.
+        const int nbs = (N + 15) / 16, nmc = (M + 63) / 64;
+#pragma omp for schedule(static) PARLEY_NOWAIT
+        for (int t = 0; t < nmc * nbs; t++) {
+            const int nb = t % nbs, m1 = std::min(M, (t / nbs + 1) * 64);
+            for (int m = t / nbs * 64; m < m1; m += 8) {  // tiles of up to 8 positions share each weight vector
+                switch (std::min(8, m1 - m)) {
+                case 1: quant_tile<1>(L, nb, a, m, y); break;
+                case 2: quant_tile<2>(L, nb, a, m, y); break;
+                case 3: quant_tile<3>(L, nb, a, m, y); break;
+                case 4: quant_tile<4>(L, nb, a, m, y); break;
+                case 5: quant_tile<5>(L, nb, a, m, y); break;
+                case 6: quant_tile<6>(L, nb, a, m, y); break;
+                case 7: quant_tile<7>(L, nb, a, m, y); break;
+                default: quant_tile<8>(L, nb, a, m, y); break;
+                }
+            }
+        }
+    }
 #else
 #pragma omp for schedule(static) PARLEY_NOWAIT
     for (int n = 0; n < N; n++)
@@ -868,6 +1254,22 @@ static void kv_write(const Cache* c, const KV* kv, int kvh, int pos, int D, cons
                     __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(src + d), _mm512_set1_ps(inv)));
                     qi = _mm512_max_epi32(_mm512_min_epi32(qi, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
                     _mm_storeu_si128((__m128i*)(dst + d), _mm512_cvtepi32_epi8(qi));
+                }
+                (which ? kv->vs : kv->ks)[row] = s;
+                continue;
+            }
+#elif PARLEY_AVX2  // the same values again
+            if (D % 32 == 0) {
+                __m256 mv = _mm256_setzero_ps();
+                for (int d = 0; d < D; d += 8) mv = _mm256_max_ps(mv, abs8(_mm256_loadu_ps(src + d)));
+                const float s = hmax8(mv) / 127.0f, inv = s > 0 ? 1.0f / s : 0.0f;
+                for (int d = 0; d < D; d += 32) {
+                    __m256i qi[4];
+                    for (int k = 0; k < 4; k++) {
+                        qi[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(src + d + 8 * k), _mm256_set1_ps(inv)));
+                        qi[k] = _mm256_max_epi32(_mm256_min_epi32(qi[k], _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+                    }
+                    store_i8x32(dst + d, qi[0], qi[1], qi[2], qi[3]);
                 }
                 (which ? kv->vs : kv->ks)[row] = s;
                 continue;
@@ -1178,6 +1580,327 @@ static void scores_int8_shared(const KV* kv, size_t base, int j0, int n, int np,
 }
 #endif
 
+#if PARLEY_AVX2
+// Attention on AVX2, the AVX-512 path's values: int8 keys and values in the same int16 products with exact int32
+// sums (`vpmaddwd`), fp32 / bf16 keys in its 16 lanes (two 8-lane halves) summed in its transpose_sum16 tree,
+// values lane by lane in key order, the softmax's sum in its 16 lanes.
+
+// 16 dims of key/value row `row` as floats (two halves of 8), before any per-row scale: the AVX-512 load16.
+static inline void load16x2(const Cache* c, const void* base, size_t row, int D, int d, __m256* out) {
+    for (int u = 0; u < 2; u++) {
+        const size_t i = row * D + d + 8 * u;
+        switch (c->kind) {
+        case KV_F32: out[u] = _mm256_loadu_ps((const float*)base + i); break;
+        case KV_BF16:
+            out[u] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)((const uint16_t*)base + i))), 16));
+            break;
+        default: out[u] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)((const int8_t*)base + i))));
+        }
+    }
+}
+
+// transpose_sum16<true> of 8 vectors of 16 fp32 lanes (lanes 0..7 in lo[k], 8..15 in hi[k]) -> lane k: the sum
+// of vector k's lanes, added as that tree adds them: within each quarter (l0 + l2) + (l1 + l3), then the quarters
+// (q0 + q1) + (q2 + q3).
+static inline __m256 transpose_sum16x8(const __m256* lo, const __m256* hi) {
+    __m256 q[2];  // q[0]: q0 + q1 of each vector, q[1]: q2 + q3
+    for (int side = 0; side < 2; side++) {
+        const __m256* v = side ? hi : lo;
+        __m256 z[2];  // z[g]: quarters of vectors 4g .. 4g + 3 (low 128 bits: the first quarter, high: the second)
+        for (int g = 0; g < 2; g++) {
+            __m256 x[2];
+            for (int h = 0; h < 2; h++) {
+                const __m256 a = v[g * 4 + h * 2], b = v[g * 4 + h * 2 + 1];
+                x[h] = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+            }
+            const __m256d x0 = _mm256_castps_pd(x[0]), x1 = _mm256_castps_pd(x[1]);
+            z[g] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x0, x1)), _mm256_castpd_ps(_mm256_unpackhi_pd(x0, x1)));
+        }
+        q[side] = _mm256_add_ps(_mm256_permute2f128_ps(z[0], z[1], 0x20), _mm256_permute2f128_ps(z[0], z[1], 0x31));
+    }
+    return _mm256_add_ps(q[0], q[1]);
+}
+
+// 8 vectors of int32 -> lane k: the sum of vector k's lanes (exact).
+static inline __m256i transpose_sum8i(const __m256i* v) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+// One query head (64 dims) -> int16, and its scale: the AVX-512 quantize_q16's values.
+static inline float quantize_q16(const float* q, int16_t* q16) {
+    __m256 mv = _mm256_setzero_ps();
+    for (int d = 0; d < 64; d += 8) mv = _mm256_max_ps(mv, abs8(_mm256_loadu_ps(q + d)));
+    const float amax = hmax8(mv);
+    const __m256 inv = _mm256_set1_ps(amax > 0 ? 32767.0f / amax : 0.0f);
+    for (int d = 0; d < 64; d += 16) {
+        const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(q + d), inv));
+        const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(q + d + 8), inv));
+        _mm256_storeu_si256((__m256i*)(q16 + d), _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8));
+    }
+    return amax / 32767.0f;
+}
+
+// int8 keys (head_dim 64) for Q queries (int16, each with its scale times the softmax scale): the AVX-512
+// scores_int8's exact int32 sums, 8 keys at a time, each key widened once for every query -> s[k][j].
+static void scores_int8_q(const KV* kv, size_t base, int j0, int n, int Q, const int16_t (*q16)[64], const float* qsc,
+                          float* s) {
+    const int8_t* K8 = (const int8_t*)kv->k + (base + j0) * 64;
+    for (int jb = 0; jb < n; jb += 8) {
+        const int cnt = n - jb < 8 ? n - jb : 8;
+        alignas(32) __m256i kw[8][4];  // key jb + k widened to int16, dims 16u .. 16u + 15
+        for (int k = 0; k < 8; k++) {
+            const int8_t* kr = K8 + (size_t)(jb + k) * 64;
+            _mm_prefetch((const char*)(kr + 16 * 64), _MM_HINT_T0);  // a row 16 keys on, as the AVX-512 path
+            for (int u = 0; u < 4; u++)
+                kw[k][u] = k < cnt ? _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(kr + 16 * u))) : _mm256_setzero_si256();
+        }
+        const __m256i mask = lanes8(cnt);
+        const __m256 ks = _mm256_maskload_ps(kv->ks + base + j0 + jb, mask);
+        for (int i = 0; i < Q; i++) {
+            __m256i qv[4], acc[8];
+            for (int u = 0; u < 4; u++) qv[u] = _mm256_loadu_si256((const __m256i*)(q16[i] + 16 * u));
+            for (int k = 0; k < 8; k++)
+                acc[k] = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(kw[k][0], qv[0]), _mm256_madd_epi16(kw[k][1], qv[1])),
+                                          _mm256_add_epi32(_mm256_madd_epi16(kw[k][2], qv[2]), _mm256_madd_epi16(kw[k][3], qv[3])));
+            const __m256 sc = _mm256_mul_ps(_mm256_cvtepi32_ps(transpose_sum8i(acc)), _mm256_mul_ps(ks, _mm256_set1_ps(qsc[i])));
+            _mm256_maskstore_ps(s + (size_t)i * ATT_BLOCK + jb, mask, sc);
+        }
+    }
+}
+
+static void scores_int8(const KV* kv, size_t base, int j0, int n, int nq, const float* q, float scale, float* s) {
+    alignas(32) int16_t q16[8][64];
+    float qsc[8];
+    for (int i = 0; i < nq; i++) qsc[i] = quantize_q16(q + i * 64, q16[i]) * scale;
+    scores_int8_q(kv, base, j0, n, nq, q16, qsc, s);
+}
+
+// scores_int8 for the nq query heads of each of np positions (position k's at q[k]) over keys [j0, j0 + n), the
+// keys widened once for all of them: the same values, whatever np (as the AVX-512 scores_int8_shared).
+constexpr int ATT_GROUP = 8;
+static void scores_int8_shared(const KV* kv, size_t base, int j0, int n, int np, int nq, const float* const* q,
+                               float scale, float* s) {
+    alignas(32) int16_t q16[ATT_GROUP * 8][64];
+    float qsc[ATT_GROUP * 8];
+    for (int k = 0; k < np * nq; k++) qsc[k] = quantize_q16(q[k / nq] + (k % nq) * 64, q16[k]) * scale;
+    scores_int8_q(kv, base, j0, n, np * nq, q16, qsc, s);
+}
+
+// int8 values (head_dim 64) for Q queries, query k's weights at s + k * ATT_BLOCK over keys [j0, j0 + n[k]), its
+// partial at part[k]: the AVX-512 values_int8's int16 weights (zero past its keys) and exact int32 sums. Pairs of
+// value rows interleaved as int16 pairs of each dim, widened once into X for all queries.
+static void values_int8_q(const KV* kv, size_t base, int j0, int Q, const int* n, float* s, float* const* part) {
+    int nmax = 0;
+    for (int k = 0; k < Q; k++) nmax = std::max(nmax, n[k]);
+    alignas(32) int16_t u[ATT_GROUP * 8][ATT_BLOCK + 32];
+    float cq[ATT_GROUP * 8];
+    const float* vs = kv->vs + base + j0;
+    for (int k = 0; k < Q; k++) {
+        const int nk = n[k];
+        float* si = s + (size_t)k * ATT_BLOCK;
+        __m256 mv = _mm256_setzero_ps();
+        for (int j = 0; j < nk; j += 8) {
+            const __m256i mask = lanes8(nk - j);
+            const __m256 w = _mm256_mul_ps(_mm256_maskload_ps(si + j, mask), _mm256_maskload_ps(vs + j, mask));
+            _mm256_storeu_ps(si + j, w);  // zero past nk; s has room for whole vectors
+            mv = _mm256_max_ps(mv, w);
+        }
+        const float wmax = hmax8(mv);
+        cq[k] = wmax / 32767.0f;
+        const __m256 inv = _mm256_set1_ps(wmax > 0 ? 32767.0f / wmax : 0.0f);
+        int j = 0;
+        for (; j < nk; j += 16) {
+            const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(si + j), inv));
+            const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_maskload_ps(si + j + 8, lanes8(nk - j - 8)), inv));
+            _mm256_storeu_si256((__m256i*)(u[k] + j), _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8));  // zero past nk
+        }
+        for (j = nk; j <= nmax; j++) u[k][j] = 0;  // and on to the longest query's keys (+1: an odd count's pair)
+    }
+    const int npairs = (nmax + 1) / 2;
+    const int8_t* V8 = (const int8_t*)kv->v + (base + j0) * 64;
+    // pair jp widened: X[jp][2v + e] lane l holds dims 16v + 4e + l + 4 (l >= 4) of keys 2jp and 2jp + 1
+    auto widen = [&](int jp, int v, __m256i* x) {
+        const int8_t* ra = V8 + (size_t)2 * jp * 64;
+        const int8_t* rb = 2 * jp + 1 < nmax ? ra + 64 : ra;  // weight 0 when past the end
+        const __m256i A = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(ra + 16 * v)));
+        const __m256i B = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(rb + 16 * v)));
+        x[0] = _mm256_unpacklo_epi16(A, B);
+        x[1] = _mm256_unpackhi_epi16(A, B);
+    };
+    auto store = [&](int k, int dh, const __m256i* acc) {
+        alignas(32) int32_t r[4][8];
+        for (int t = 0; t < 4; t++) _mm256_store_si256((__m256i*)r[t], acc[t]);
+        float* o = part[k];
+        for (int t = 0; t < 4; t++) {
+            const int v = 2 * dh + t / 2, e = t % 2;
+            for (int l = 0; l < 8; l++) o[16 * v + 4 * e + l + (l >= 4 ? 4 : 0)] = (float)r[t][l] * cq[k];
+        }
+    };
+    if (Q <= 3) {  // one sweep: each pair widened as it is used, 32 dims at a time
+        for (int dh = 0; dh < 2; dh++) {
+            __m256i acc[3][4];
+            for (int i = 0; i < 3; i++)
+                for (int t = 0; t < 4; t++) acc[i][t] = _mm256_setzero_si256();
+            for (int jp = 0; jp < npairs; jp++) {
+                if (dh == 0) {
+                    _mm_prefetch((const char*)(V8 + (size_t)(2 * jp + 16) * 64), _MM_HINT_T0);
+                    _mm_prefetch((const char*)(V8 + (size_t)(2 * jp + 17) * 64), _MM_HINT_T0);
+                }
+                __m256i x[4];
+                widen(jp, 2 * dh, x);
+                widen(jp, 2 * dh + 1, x + 2);
+                for (int i = 0; i < 3; i++) {
+                    if (i >= Q) break;
+                    int32_t pair;
+                    std::memcpy(&pair, u[i] + 2 * jp, 4);
+                    const __m256i w = _mm256_set1_epi32(pair);
+                    for (int t = 0; t < 4; t++) acc[i][t] = _mm256_add_epi32(acc[i][t], _mm256_madd_epi16(x[t], w));
+                }
+            }
+            for (int i = 0; i < Q; i++) store(i, dh, acc[i]);
+        }
+        return;
+    }
+    alignas(32) __m256i X[ATT_BLOCK / 2][8];
+    for (int jp = 0; jp < npairs; jp++) {
+        _mm_prefetch((const char*)(V8 + (size_t)(2 * jp + 16) * 64), _MM_HINT_T0);
+        _mm_prefetch((const char*)(V8 + (size_t)(2 * jp + 17) * 64), _MM_HINT_T0);
+        for (int v = 0; v < 4; v++) widen(jp, v, X[jp] + 2 * v);
+    }
+    // queries in groups of up to 3, 32 dims at a time: 12 int32 sums in registers
+    for (int k0 = 0; k0 < Q; k0 += 3) {
+        const int qn = std::min(3, Q - k0);
+        int np_g = 0;  // the group's longest keys
+        for (int k = k0; k < k0 + qn; k++) np_g = std::max(np_g, (n[k] + 1) / 2);
+        for (int dh = 0; dh < 2; dh++) {
+            __m256i acc[3][4];
+            for (int i = 0; i < 3; i++)
+                for (int t = 0; t < 4; t++) acc[i][t] = _mm256_setzero_si256();
+            for (int jp = 0; jp < np_g; jp++) {
+                const __m256i* x = X[jp] + 4 * dh;
+                for (int i = 0; i < 3; i++) {
+                    if (i >= qn) break;
+                    int32_t pair;
+                    std::memcpy(&pair, u[k0 + i] + 2 * jp, 4);
+                    const __m256i w = _mm256_set1_epi32(pair);
+                    for (int t = 0; t < 4; t++) acc[i][t] = _mm256_add_epi32(acc[i][t], _mm256_madd_epi16(x[t], w));
+                }
+            }
+            for (int i = 0; i < qn; i++) store(k0 + i, dh, acc[i]);
+        }
+    }
+}
+
+static void values_int8(const KV* kv, size_t base, int j0, int n, int nq, float* s, float* part) {
+    int nk[8];
+    float* pq[8];
+    for (int i = 0; i < nq; i++) nk[i] = n, pq[i] = part + (size_t)i * 66;
+    values_int8_q(kv, base, j0, nq, nk, s, pq);
+}
+
+// values_int8 for the nq heads of each of np positions that start at key j0 together (query k = head k % nq of
+// position k / nq, keys [j0, j0 + n[k / nq])): the same values, whatever np (as the AVX-512 values_int8_shared).
+static void values_int8_shared(const KV* kv, size_t base, int j0, int np, int nq, const int* n, float* s, float* const* part) {
+    int nk[ATT_GROUP * 8];
+    for (int k = 0; k < np * nq; k++) nk[k] = n[k / nq];
+    values_int8_q(kv, base, j0, np * nq, nk, s, part);
+}
+
+// Scores of fp32 / bf16 keys (or int8 ones of another head_dim): the AVX-512 path's 16-lane multiply-adds per
+// 16 dims and its tree, 8 keys at a time (key rows converted to floats once for every query).
+static void scores_float(const Cache* c, const KV* kv, size_t base, int j0, int n, int D, int nq, const float* q,
+                         float scale, float* s) {
+    const bool scaled = c->kind >= KV_INT8;
+    const int nd = D / 16;
+    for (int jb = 0; jb < n; jb += 8) {
+        const int cnt = n - jb < 8 ? n - jb : 8;
+        alignas(32) __m256 lo[8][8], hi[8][8];  // [query][key]: lanes 0..7 and 8..15 of the 16-lane sums
+        for (int k = 0; k < 8; k++) {
+            __m256 a[8][2];
+            for (int i = 0; i < nq; i++) a[i][0] = a[i][1] = _mm256_setzero_ps();
+            if (k < cnt)
+                for (int t = 0; t < nd; t++) {
+                    __m256 kx[2];
+                    load16x2(c, kv->k, base + j0 + jb + k, D, t * 16, kx);
+                    for (int i = 0; i < nq; i++)
+                        for (int u = 0; u < 2; u++) a[i][u] = _mm256_fmadd_ps(_mm256_loadu_ps(q + i * D + t * 16 + 8 * u), kx[u], a[i][u]);
+                }
+            for (int i = 0; i < nq; i++) lo[i][k] = a[i][0], hi[i][k] = a[i][1];
+        }
+        const __m256i mask = lanes8(cnt);
+        const __m256 ks = scaled ? _mm256_maskload_ps(kv->ks + base + j0 + jb, mask) : _mm256_set1_ps(1.0f);
+        for (int i = 0; i < nq; i++) {
+            const __m256 sc = _mm256_mul_ps(_mm256_mul_ps(transpose_sum16x8(lo[i], hi[i]), ks), _mm256_set1_ps(scale));
+            _mm256_maskstore_ps(s + (size_t)i * ATT_BLOCK + jb, mask, sc);
+        }
+    }
+}
+
+// Values lane by lane in key order (the AVX-512 path's multiply-adds, each dim its own lane), NV x 8 dims from
+// dim d0 for queries i0 .. i0 + QN - 1. k8v4: v = q s_g + m_g per 32 dims (d0 .. d0 + 31 one group): the
+// minimum's share summed per query in key order and added at the end, as there.
+template <int QN, int NV>
+static inline void values_float_chunk(const Cache* c, const KV* kv, size_t base, int j0, int n, int D, int i0, int d0,
+                                      const float* s, float* part) {
+    __m256 o[QN][NV];
+    for (int i = 0; i < QN; i++)
+        for (int t = 0; t < NV; t++) o[i][t] = _mm256_setzero_ps();
+    if (c->kind == KV_K8V4) {
+        const int g = d0 / 32;
+        float msum[QN] = {};
+        for (int j = 0; j < n; j++) {
+            const size_t row = base + j0 + j;
+            const uint8_t* vq = (const uint8_t*)kv->v + row * (D / 2);
+            const float vsg = kv->vs[row * (D / 32) + g], vmg = kv->vm[row * (D / 32) + g];
+            __m256 vx[NV];
+            for (int t = 0; t < NV; t++) {
+                const int d = d0 + 8 * t;
+                const uint8_t* src = d < D / 2 ? vq + d : vq + d - D / 2;
+                __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)src));
+                b = d < D / 2 ? _mm256_and_si256(b, _mm256_set1_epi32(15)) : _mm256_srli_epi32(b, 4);
+                vx[t] = _mm256_cvtepi32_ps(b);
+            }
+            for (int i = 0; i < QN; i++) {
+                const float sij = s[(size_t)(i0 + i) * ATT_BLOCK + j];
+                const __m256 pw = _mm256_set1_ps(sij * vsg);
+                for (int t = 0; t < NV; t++) o[i][t] = _mm256_fmadd_ps(pw, vx[t], o[i][t]);
+                msum[i] += sij * vmg;
+            }
+        }
+        for (int i = 0; i < QN; i++)
+            for (int t = 0; t < NV; t++) o[i][t] = _mm256_add_ps(o[i][t], _mm256_set1_ps(msum[i]));
+    } else {
+        for (int j = 0; j < n; j++) {
+            const size_t row = base + j0 + j;
+            const float vsc = c->kind == KV_INT8 ? kv->vs[row] : 1.0f;
+            __m256 vx[NV];
+            for (int t = 0; t < NV; t += 2) load16x2(c, kv->v, row, D, d0 + 8 * t, vx + t);
+            for (int i = 0; i < QN; i++) {
+                const __m256 pw = _mm256_set1_ps(s[(size_t)(i0 + i) * ATT_BLOCK + j] * vsc);
+                for (int t = 0; t < NV; t++) o[i][t] = _mm256_fmadd_ps(pw, vx[t], o[i][t]);
+            }
+        }
+    }
+    for (int i = 0; i < QN; i++)
+        for (int t = 0; t < NV; t++) _mm256_storeu_ps(part + (size_t)(i0 + i) * (D + 2) + d0 + 8 * t, o[i][t]);
+}
+
+static void values_float(const Cache* c, const KV* kv, size_t base, int j0, int n, int D, int nq, const float* s,
+                         float* part) {
+    for (int i0 = 0; i0 < nq; i0 += 3) {
+        const int qn = std::min(3, nq - i0);
+        for (int d0 = 0; d0 < D; d0 += 32) {
+            const bool full = d0 + 32 <= D;  // else 16 dims (D % 16 == 0)
+            if (qn == 3) full ? values_float_chunk<3, 4>(c, kv, base, j0, n, D, i0, d0, s, part) : values_float_chunk<3, 2>(c, kv, base, j0, n, D, i0, d0, s, part);
+            else if (qn == 2) full ? values_float_chunk<2, 4>(c, kv, base, j0, n, D, i0, d0, s, part) : values_float_chunk<2, 2>(c, kv, base, j0, n, D, i0, d0, s, part);
+            else full ? values_float_chunk<1, 4>(c, kv, base, j0, n, D, i0, d0, s, part) : values_float_chunk<1, 2>(c, kv, base, j0, n, D, i0, d0, s, part);
+        }
+    }
+}
+#endif
+
 // Scaled scores of keys [j0, j1) for nq query heads -> s[i][j - j0].
 static void block_scores(const Cache* c, const KV* kv, int h, int j0, int j1, int D, int nq, const float* q,
                          float scale, float* s) {
@@ -1216,6 +1939,9 @@ static void block_scores(const Cache* c, const KV* kv, int h, int j0, int j1, in
         }
         return;
     }
+#elif PARLEY_AVX2
+    if (c->kind >= KV_INT8 && D == 64 && nq <= 8) return scores_int8(kv, base, j0, n, nq, q, scale, s);
+    if (D % 16 == 0 && D <= 256 && nq <= 8) return scores_float(c, kv, base, j0, n, D, nq, q, scale, s);
 #endif
     float kbuf[512];  // head_dim <= 512 (checked by parley_forward)
     for (int j = 0; j < n; j++) {
@@ -1255,6 +1981,19 @@ static void block_softmax(int nq, int n, int D, float* s, float* part) {
             vsum = _mm512_add_ps(vsum, e);
         }
         sum = hsum(vsum);
+#elif PARLEY_AVX2  // the AVX-512 path's 16 lanes as two halves: its max, exps and sum
+        __m256 mv = _mm256_set1_ps(-INFINITY);
+        for (; j + 16 <= n; j += 16) mv = _mm256_max_ps(mv, _mm256_max_ps(_mm256_loadu_ps(si + j), _mm256_loadu_ps(si + j + 8)));
+        mx = hmax8(mv);
+        for (int r = j; r < n; r++) mx = std::fmax(mx, si[r]);
+        __m256 vsum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (j = 0; j + 16 <= n; j += 16)
+            for (int u = 0; u < 2; u++) {
+                const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(si + j + 8 * u), _mm256_set1_ps(mx)));
+                _mm256_storeu_ps(si + j + 8 * u, e);
+                vsum[u] = _mm256_add_ps(vsum[u], e);
+            }
+        sum = hsum16(vsum[0], vsum[1]);
 #else
         for (int r = 0; r < n; r++) mx = std::fmax(mx, si[r]);
 #endif
@@ -1317,6 +2056,9 @@ static void attend_scored(const Cache* c, const KV* kv, int h, int j0, int j1, i
             for (int t = 0; t < nd; t++) _mm512_storeu_ps(part + (size_t)i * (D + 2) + t * 16, o[i][t]);
         return;
     }
+#elif PARLEY_AVX2
+    if (c->kind == KV_INT8 && D == 64 && nq <= 8) return values_int8(kv, base, j0, n, nq, s, part);
+    if (D % 16 == 0 && D <= 256 && nq <= 8) return values_float(c, kv, base, j0, n, D, nq, s, part);
 #endif
     float vbuf[512];
     for (int i = 0; i < nq; i++)
@@ -1424,7 +2166,7 @@ static void values_int8_shared(const KV* kv, size_t base, int j0, int np, int nq
 // at s + k * nq * ATT_BLOCK, its partials at part[k]): int8 values are read and widened once for all of them.
 static void attend_scored_group(const Cache* c, const KV* kv, int h, int j0, int np, const int* j1, int D, int nq,
                                 float* const* part, float* s) {
-#if PARLEY_VNNI
+#if PARLEY_VNNI || PARLEY_AVX2
     if (c->kind == KV_INT8 && D == 64 && nq <= 8 && np <= ATT_GROUP) {
         int n[ATT_GROUP];
         float* pq[ATT_GROUP * 8];
@@ -1547,7 +2289,7 @@ static void attend_nodes(const Cache* vc, const KV* vkv, int vh, int shift, int 
     for (int i = 0; i < nm; i++) {
         const int m = ms[i], p = (int)positions[m], lo = first_key(p, window);
         if (b * ATT_BLOCK > p || (b + 1) * ATT_BLOCK <= lo) continue;
-#if PARLEY_VNNI
+#if PARLEY_VNNI || PARLEY_AVX2
         if (vc->kind >= KV_INT8 && D == 64 && G <= 8) {  // the following nodes that start here share the keys
             const int j0 = std::max(lo, b * ATT_BLOCK);
             int np = 0, n = 0, mk[ATT_GROUP], j1[ATT_GROUP];
@@ -1683,6 +2425,16 @@ static void silu_mul_row(const float* r, int I, float* out, bool split) {
         __m512 sg = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
         _mm512_storeu_ps(out + b * 16, _mm512_mul_ps(sg, u));
     }
+#elif PARLEY_AVX2  // the same values, lane by lane
+    for (int b = 0; b < I / 16; b++)
+        for (int h = 0; h < 2; h++) {
+            const float* gp = (split ? r + b * 16 : r + b * 32) + 8 * h;
+            const float* up = (split ? r + I + b * 16 : r + b * 32 + 16) + 8 * h;
+            const __m256 g = _mm256_loadu_ps(gp), u = _mm256_loadu_ps(up);
+            const __m256 e = exp256(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), g), _mm256_set1_ps(87.0f)));
+            const __m256 sg = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+            _mm256_storeu_ps(out + b * 16 + 8 * h, _mm256_mul_ps(sg, u));
+        }
 #else
     for (int j = 0; j < I; j++) {
         const int blk = j / 16, off = j % 16;
@@ -1750,6 +2502,29 @@ static void hadamard_row(float* x, int n, const float* diag, int block) {
         }
         return;
     }
+#elif PARLEY_AVX2
+    if (block >= 8 && n % 8 == 0) {
+        // the butterflies of h = 1, 2, 4 within each vector of 8 (a + b below, a - b above, as the loops below),
+        // then those of h >= 8 between vectors: the same additions
+        for (int j = 0; j < n; j += 8) {
+            __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(diag + j));
+            __m256 p = _mm256_permute_ps(v, 0xb1);
+            v = _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xaa);
+            p = _mm256_permute_ps(v, 0x4e);
+            v = _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xcc);
+            p = _mm256_permute2f128_ps(v, v, 0x01);
+            v = _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xf0);
+            _mm256_storeu_ps(x + j, v);
+        }
+        for (int h = 8; h < block; h *= 2)
+            for (int i = 0; i < n; i += 2 * h)
+                for (int j = i; j < i + h; j += 8) {
+                    const __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + h);
+                    _mm256_storeu_ps(x + j, _mm256_add_ps(a, b));
+                    _mm256_storeu_ps(x + j + h, _mm256_sub_ps(a, b));
+                }
+        return;
+    }
 #endif
     for (int j = 0; j < n; j++) x[j] *= diag[j];
     for (int h = 1; h < block; h *= 2)
@@ -1763,7 +2538,16 @@ static void hadamard_row(float* x, int n, const float* diag, int block) {
 
 static void rope_row(float* x, int D, const float* cos, const float* sin) {  // halves layout, as HF
     const int h = D / 2;
-    for (int i = 0; i < h; i++) {
+    int i = 0;
+#if PARLEY_AVX2  // the same products and sums, 8 at a time
+    for (; i + 8 <= h; i += 8) {
+        const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + h);
+        const __m256 c = _mm256_loadu_ps(cos + i), s = _mm256_loadu_ps(sin + i);
+        _mm256_storeu_ps(x + i, _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, s)));
+        _mm256_storeu_ps(x + i + h, _mm256_add_ps(_mm256_mul_ps(b, c), _mm256_mul_ps(a, s)));
+    }
+#endif
+    for (; i < h; i++) {
         float a = x[i], b = x[i + h];
         x[i] = a * cos[i] - b * sin[i];
         x[i + h] = b * cos[i] + a * sin[i];
@@ -1800,6 +2584,9 @@ extern "C" int parley_threads(int n) {
 }
 
 extern "C" int parley_has_vnni(void) { return PARLEY_VNNI; }
+
+// Which flavour this build is: 2 AVX-512 VNNI, 1 AVX2 + FMA, 0 the portable loops.
+extern "C" int parley_simd(void) { return PARLEY_VNNI ? 2 : (PARLEY_AVX2 ? 1 : 0); }
 
 // The rotation before the down projection on one row, for the tests to compare bit for bit with PyTorch's.
 extern "C" void parley_hadamard_row(float* x, int n, const float* diag, int block) { hadamard_row(x, n, diag, block); }
@@ -1875,6 +2662,22 @@ extern "C" double parley_read_gbs(const void* buf, size_t bytes, int reps, int t
             for (; p < end; p += 64) acc[0] = _mm512_xor_si512(acc[0], _mm512_load_si512((const void*)p));
             acc[0] = _mm512_xor_si512(_mm512_xor_si512(acc[0], acc[1]), _mm512_xor_si512(acc[2], acc[3]));
             sink ^= (uint64_t)_mm512_reduce_or_epi64(acc[0]);
+#elif PARLEY_AVX2  // the same 4 sub-streams, 2 vectors of 32 bytes a line
+            __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                              _mm256_setzero_si256()};
+            const size_t q = (size_t)(end - p) / 4 / 64 * 64;
+            for (size_t i = 0; i < q; i += 64)
+                for (int u = 0; u < 4; u++)
+                    acc[u] = _mm256_xor_si256(acc[u], _mm256_xor_si256(_mm256_load_si256((const __m256i*)(p + u * q + i)),
+                                                                      _mm256_load_si256((const __m256i*)(p + u * q + i + 32))));
+            p += 4 * q;
+            for (; p < end; p += 64)
+                acc[0] = _mm256_xor_si256(acc[0], _mm256_xor_si256(_mm256_load_si256((const __m256i*)p),
+                                                                  _mm256_load_si256((const __m256i*)(p + 32))));
+            acc[0] = _mm256_xor_si256(_mm256_xor_si256(acc[0], acc[1]), _mm256_xor_si256(acc[2], acc[3]));
+            alignas(32) uint64_t r[4];
+            _mm256_store_si256((__m256i*)r, acc[0]);
+            sink ^= r[0] | r[1] | r[2] | r[3];
 #else
             uint64_t x = 0;
             for (; p < end; p += 8) {

@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..cache_files import cache_dir as parley_cache_dir
+from ..cache_files import file_sha256
 from .reference import unpack_int4
 
 log = logging.getLogger(__name__)
@@ -87,11 +89,9 @@ def _cpu_flags() -> str:
 
 def cache_dir() -> Path:
     """PARLEY_NATIVE_DIR, else native/ in the Parley cache (PARLEY_CACHE_DIR or the platform's cache dir)."""
-    from platformdirs import user_cache_dir
-
     if os.environ.get("PARLEY_NATIVE_DIR"):
         return Path(os.environ["PARLEY_NATIVE_DIR"])
-    return Path(os.environ.get("PARLEY_CACHE_DIR") or user_cache_dir("parley")) / "native"
+    return parley_cache_dir("native")
 
 
 def flags() -> list[str]:
@@ -105,17 +105,13 @@ def library_path() -> Path:
     return cache_dir() / f"libparley_step-{key}.so"
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def build(verbose: bool = False) -> Path:
     """Compile the library for this machine unless a library matching its recorded hash is there; its path."""
     out = library_path()
     record = out.with_name(out.name + ".sha256")
     if out.exists():
         try:
-            if record.read_text().strip() == _sha256(out):
+            if record.read_text().strip() == file_sha256(out):
                 return out
         except OSError:
             pass
@@ -130,7 +126,7 @@ def build(verbose: bool = False) -> Path:
         r = subprocess.run([cxx, *flags(), str(SOURCE), "-o", tmp], capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"{cxx} failed to build {SOURCE.name}:\n{r.stderr.strip()[-2000:]}")
-        Path(tmp + ".sha256").write_text(_sha256(Path(tmp)) + "\n")
+        Path(tmp + ".sha256").write_text(file_sha256(Path(tmp)) + "\n")
         os.replace(tmp + ".sha256", record)  # the record first: a library is never there without it
         os.replace(tmp, out)
     finally:
@@ -173,6 +169,7 @@ def load() -> ctypes.CDLL | None:
         lib.parley_threads.restype = ctypes.c_int
         lib.parley_threads.argtypes = [ctypes.c_int]
         lib.parley_has_vnni.restype = ctypes.c_int
+        lib.parley_simd.restype = ctypes.c_int
         lib.parley_hadamard_row.restype = None
         lib.parley_hadamard_row.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
         lib.parley_layout.restype = ctypes.c_int

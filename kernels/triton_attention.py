@@ -158,7 +158,9 @@ def _decode_attention_kernel(q_ptr, pos_ptr, part_ptr, stats_ptr, k_ptr, v_ptr, 
         live = slots <= pos
         row = g * L + slots  # index of (kv head, slot) in [KVH, L]
         k = tl.load(k_ptr + row[:, None] * D + d[None, :], mask=live[:, None], other=0).to(q.dtype)
-        scores = tl.dot(q, tl.trans(k)) * sm_scale  # int8 keys: exact in fp16/bf16
+        # (cast: torch.compile's wrapper passes the Python float as fp64, which made the scores and then the
+        # second product's operand fp64; on an H200 inductor refused the kernel, "Got fp64 and fp32")
+        scores = (tl.dot(q, tl.trans(k)) * sm_scale).to(tl.float32)  # int8 keys: exact in fp16/bf16
         if KIND != 0:  # the per-slot key scale multiplies the score, not every element
             scores = scores * tl.load(k_scale_ptr + row, mask=live, other=0.0)[None, :]
         scores = tl.where(live[None, :], scores, float("-inf"))

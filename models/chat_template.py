@@ -202,22 +202,12 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             raise jinja2.exceptions.SecurityError("a concatenation larger than a chat template can output")
         return _sized(super().call_binop(context, operator, left, right))
 
-# For a model that ships no template (a base model): ChatML, the most common instruct format.
+# For a model that ships no template (a base model) and whose family knows none (families.py): ChatML, the most
+# common instruct format.
 FALLBACK_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-
-# A family's known template, for its files that ship none (base models), as llama.cpp keeps them.
-GEMMA_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}"
-    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
-    "{% if role == 'system' %}{{ '<start_of_turn>user\n' + message['content'] + '\n\n' }}"
-    "{% else %}{% if not (loop.index0 == 1 and messages[0]['role'] == 'system') %}"
-    "{{ '<start_of_turn>' + role + '\n' }}{% endif %}{{ message['content'] | trim + '<end_of_turn>\n' }}{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
-)
-FAMILY_TEMPLATES = {"gemma": GEMMA_TEMPLATE, "gemma2": GEMMA_TEMPLATE, "gemma3": GEMMA_TEMPLATE}
 
 
 def read_template_file(path: str) -> str:

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import families
 from .errors import ModelLoadError, printable
+from .families import SUPPORTED_ARCHITECTURES
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
 ROPE_TYPES = ("default", "linear", "llama3")  # what transformer.rope_frequencies implements
 
 # Sane upper bounds, checked before anything is built: a damaged or hostile config must fail with a
@@ -66,8 +67,9 @@ def _positive(value: Any, name: str, source: str) -> float:
     return float(value)
 
 
-def _gemma3_switches(cfg: dict[str, Any], n_layers: int, source: str) -> dict[str, Any]:
-    """Gemma 3's switches from its config (or what GGUF metadata implies): which layers slide, and by how much."""
+def _sliding_layers(cfg: dict[str, Any], n_layers: int, source: str) -> tuple[int, ...]:
+    """Each layer's window (0: global) of a `sliding_window` family, from its config (or what GGUF metadata
+    implies): `layer_types`, else every `sliding_window_pattern`-th layer global."""
     window = _whole(cfg.get("sliding_window", 512), "sliding_window", source, LIMITS["max_position_embeddings"])
     types = cfg.get("layer_types")
     if types is None:
@@ -79,10 +81,7 @@ def _gemma3_switches(cfg: dict[str, Any], n_layers: int, source: str) -> dict[st
             not all(isinstance(t, str) for t in types):
         raise ConfigError(f"{source}: layer_types must list full_attention / sliding_attention for each of the "
                           f"{n_layers} layers; fix or re-download the config")
-    scalar = _positive(cfg.get("query_pre_attn_scalar", 256), "query_pre_attn_scalar", source)
-    return dict(sandwich_norms=True, norm_unit_offset=True, mlp_act="gelu_tanh", embed_scale=True,
-                query_scale=scalar ** -0.5, layer_windows=tuple(window if t == "sliding_attention" else 0
-                                                                for t in types))
+    return tuple(window if t == "sliding_attention" else 0 for t in types)
 
 
 @dataclass
@@ -100,9 +99,9 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = None
     max_seq_len: int = 4096
     tie_embeddings: bool = False
-    qkv_bias: bool = False  # qwen2
-    qk_norm: bool = False  # qwen3, gemma3
-    # Gemma 3's differences, each a switch the model definition reads (all off for the llama-like families):
+    # What the model definition switches on; each family's are in families.py (all off: the llama block)
+    qkv_bias: bool = False  # biases on q/k/v
+    qk_norm: bool = False  # an RMSNorm on each head's q and k before rotation
     sandwich_norms: bool = False  # a norm after attention and after the MLP too, before each residual add
     norm_unit_offset: bool = False  # checkpoints store w for a gain of (1 + w); the model holds 1 + w
     mlp_act: str = "silu"  # "gelu_tanh": GeGLU
@@ -127,6 +126,16 @@ class ModelConfig:
         if len(self.layer_windows) != self.n_layers:
             raise ConfigError(f"{len(self.layer_windows)} layer windows for {self.n_layers} layers")
 
+    @property
+    def local_rope(self) -> bool:
+        """Whether sliding-window layers rotate with a base of their own (Gemma 3's): the model then holds their
+        frequencies as `inv_freq_local` beside `inv_freq`."""
+        return any(self.layer_windows) and bool(self.rope_local_theta)
+
+    @property
+    def family(self) -> families.Family:
+        return families.family(self.arch)
+
     @classmethod
     def from_hf(cls, cfg: Any, source: str = "config.json") -> ModelConfig:
         """From a parsed `config.json`; every size is checked against LIMITS first, naming the field at fault."""
@@ -137,15 +146,15 @@ class ModelConfig:
         if not isinstance(arch, str):
             raise ConfigError(f"{source}: model_type is a {type(arch).__name__}, expected a name such as \"llama\"; "
                               "fix or re-download the config")
-        if arch == "gemma3" and isinstance(cfg.get("text_config"), dict):  # the multimodal wrapper's text model
-            cfg = {**cfg["text_config"], "model_type": "gemma3_text"}
-            arch = "gemma3_text"
-        arch = {"gemma3_text": "gemma3"}.get(arch, arch)
-        if arch not in SUPPORTED_ARCHITECTURES:
+        family = families.by_model_type(arch)
+        if family is None or not family.runs:
             raise ConfigError(
                 f"{source}: model_type {_shown(arch)} is not supported; Parley runs "
                 f"{', '.join(SUPPORTED_ARCHITECTURES)}. Pick a model of one of those families."
             )
+        if family.text_config and isinstance(cfg.get("text_config"), dict):  # the multimodal wrapper's text model
+            cfg = {**cfg["text_config"], "model_type": family.model_types[0]}
+        arch = family.name
 
         def size(name: str, default: Any = None) -> int:
             value = cfg.get(name)
@@ -169,11 +178,11 @@ class ModelConfig:
             raise ConfigError(f"{source}: rope_scaling / rope_parameters must be JSON objects; fix or re-download "
                               "the config")
         local_theta = cfg.get("rope_local_base_freq")
-        if arch == "gemma3" and isinstance(rope_params.get("full_attention"), dict):  # per layer type
+        if family.sliding_window and isinstance(rope_params.get("full_attention"), dict):  # per layer type
             local_theta = (rope_params.get("sliding_attention") or {}).get("rope_theta", local_theta)
             rope_params = rope_params["full_attention"]
         if rope_theta is None:
-            rope_theta = rope_params.get("rope_theta", 1000000.0 if arch == "gemma3" else 10000.0)
+            rope_theta = rope_params.get("rope_theta", family.rope_theta)
         if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
             rope_scaling = rope_params
         if rope_scaling is not None:
@@ -197,12 +206,15 @@ class ModelConfig:
             raise ConfigError(f"{source}: quantization_config must be a JSON object, found "
                               f"{type(quantization).__name__}; fix or re-download the config")
         n_layers = size("num_hidden_layers")
-        gemma: dict[str, Any] = {}
-        if arch == "gemma3":
-            gemma = _gemma3_switches(cfg, n_layers, source)
-            gemma["rope_local_theta"] = _positive(local_theta or 10000.0, "rope_local_base_freq", source)
-            if cfg.get("final_logit_softcapping") or cfg.get("attn_logit_softcapping"):
-                raise ConfigError(f"{source}: logit soft-capping is not supported; use a Gemma 3 without it")
+        switches: dict[str, Any] = family.block_switches()
+        if family.sliding_window:
+            switches["layer_windows"] = _sliding_layers(cfg, n_layers, source)
+            switches["rope_local_theta"] = _positive(local_theta or 10000.0, "rope_local_base_freq", source)
+        if family.query_pre_attn_scalar:
+            scalar = _positive(cfg.get("query_pre_attn_scalar", 256), "query_pre_attn_scalar", source)
+            switches["query_scale"] = scalar ** -0.5
+        if cfg.get("final_logit_softcapping") or cfg.get("attn_logit_softcapping"):
+            raise ConfigError(f"{source}: logit soft-capping is not supported; use a model without it")
         return cls(
             arch=arch,
             vocab_size=size("vocab_size"),
@@ -216,11 +228,11 @@ class ModelConfig:
             rope_theta=_positive(rope_theta, "rope_theta", source),
             rope_scaling=rope_scaling,
             max_seq_len=size("max_position_embeddings", 4096),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", arch == "gemma3")),
-            qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
-            qk_norm=arch in ("qwen3", "gemma3"),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", family.tie_embeddings)),
+            qkv_bias=family.qkv_bias or bool(cfg.get("attention_bias", False)),
+            qk_norm=family.qk_norm,
             quantization=quantization,
-            **gemma,
+            **switches,
         )
 
     @classmethod
@@ -255,7 +267,8 @@ class ModelConfig:
         file = open_gguf(source) if isinstance(source, (str, Path)) else source
         meta, path = file.metadata, file.path
         arch = meta.get("general.architecture", "")
-        if arch not in SUPPORTED_ARCHITECTURES:
+        family = families.by_gguf_arch(arch)
+        if family is None or not family.runs:
             raise ConfigError(
                 f"{path}: architecture {_shown(arch)} is not supported; Parley runs "
                 f"{', '.join(SUPPORTED_ARCHITECTURES)}. Pick a GGUF of one of those families."
@@ -289,15 +302,16 @@ class ModelConfig:
                               f"{arch}.attention.head_count_kv ({n_kv_heads}); the file is damaged, re-download it")
         n_layers = size("block_count", "num_hidden_layers")
         head_dim = size("attention.key_length", "head_dim", max(dim // n_heads, 1))
-        gemma: dict[str, Any] = {}
-        if arch == "gemma3":  # llama.cpp hard-codes what the HF config states: 5 sliding layers, then 1 global
+        switches: dict[str, Any] = family.block_switches()
+        if family.sliding_window:  # llama.cpp hard-codes what the HF config states: 5 sliding layers, then 1 global
             window = _whole(get("attention.sliding_window", 512), f"metadata {arch}.attention.sliding_window",
                             str(path), LIMITS["max_position_embeddings"])
-            gemma = _gemma3_switches({"sliding_window": window, "query_pre_attn_scalar": head_dim}, n_layers,
-                                     str(path))
-            gemma["rope_local_theta"] = 10000.0
+            switches["layer_windows"] = _sliding_layers({"sliding_window": window}, n_layers, str(path))
+            switches["rope_local_theta"] = 10000.0
+        if family.query_pre_attn_scalar:  # llama.cpp scales by the key length
+            switches["query_scale"] = float(head_dim) ** -0.5
         return cls(
-            arch=arch,
+            arch=family.name,
             vocab_size=_whole(vocab, "the vocabulary size (token_embd.weight rows)", str(path), LIMITS["vocab_size"]),
             dim=dim,
             n_layers=n_layers,
@@ -313,17 +327,15 @@ class ModelConfig:
             tie_embeddings="output.weight" not in names,
             qkv_bias="blk.0.attn_q.bias" in names,
             qk_norm="blk.0.attn_q_norm.weight" in names,
-            **gemma,
+            **switches,
         )
 
     def to_hf(self) -> dict[str, Any]:
         """The `config.json` transformers and vLLM expect for this model."""
+        family = self.family
         cfg: dict[str, Any] = {
-            "architectures": [
-                {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}[self.arch]
-            ],
-            "model_type": self.arch,
+            "architectures": [family.hf_class],
+            "model_type": family.model_types[0],
             "vocab_size": self.vocab_size,
             "hidden_size": self.dim,
             "num_hidden_layers": self.n_layers,
@@ -339,18 +351,19 @@ class ModelConfig:
             "hidden_act": "silu",
             "torch_dtype": "float16",
         }
-        if self.arch == "llama":
+        if not family.qkv_bias:  # (qwen2's biases go without saying)
             cfg["attention_bias"] = self.qkv_bias
-        if self.arch == "gemma3":
+        if self.mlp_act == "gelu_tanh":  # GeGLU, as Gemma's configs name it
+            del cfg["hidden_act"]
+            cfg["hidden_activation"] = "gelu_pytorch_tanh"
+        if family.query_pre_attn_scalar:
+            cfg["query_pre_attn_scalar"] = round(self.query_scale ** -2)
+        if family.sliding_window:
             windows = [w for w in self.layer_windows if w]
-            cfg.update(
-                architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh",
-                query_pre_attn_scalar=round(self.query_scale ** -2), sliding_window=windows[0] if windows else None,
-                layer_types=["sliding_attention" if w else "full_attention" for w in self.layer_windows],
-                rope_local_base_freq=self.rope_local_theta, final_logit_softcapping=None,
-                attn_logit_softcapping=None,
-            )
-            cfg.pop("hidden_act")
+            cfg.update(sliding_window=windows[0] if windows else None,
+                       layer_types=["sliding_attention" if w else "full_attention" for w in self.layer_windows],
+                       rope_local_base_freq=self.rope_local_theta, final_logit_softcapping=None,
+                       attn_logit_softcapping=None)
         if self.quantization:
             cfg["quantization_config"] = self.quantization
         return cfg

@@ -127,12 +127,3 @@ def int4_tensors(kind: gguf.GGMLQuantizationType, data: np.ndarray, fp: Tensor |
     # mins first: the loader makes the linear one with minimums when its first tensor says so
     out = {} if mins is None else {"mins": mins.t().contiguous().half()}
     return {**out, "qweight": qweight, "qzeros": qzeros, "scales": scales16}
-
-
-def four_bit_types(path) -> str | None:
-    """'Q4_1' (or 'Q4_K/...'): the 4-bit types of a GGUF's decoder linears, from its header; None when none is."""
-    from .gguf_weights import open_gguf
-
-    kinds = {t.kind.name for t in open_gguf(path).tensors
-             if t.kind in FOUR_BIT and t.name.startswith("blk.") and t.name.endswith(".weight")}
-    return "/".join(sorted(kinds)) or None

@@ -15,6 +15,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from .errors import ModelLoadError
+from .families import by_gguf_arch
 
 # llama.cpp token types
 _CONTROL, _USER_DEFINED = 3, 4
@@ -33,9 +34,6 @@ PRE_TOKENIZER_SPLITS = {
     "dbrx": _LLAMA3_SPLIT, "falcon3": _LLAMA3_SPLIT,
     "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT, "megrez": _QWEN2_SPLIT,
 }
-
-
-GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")
 
 
 @lru_cache(maxsize=1)
@@ -58,9 +56,10 @@ def build(meta: dict[str, Any], path: Path | str = "GGUF") -> Tokenizer:
     tokens: list[str] = meta.get("tokenizer.ggml.tokens") or []
     if not tokens:
         raise ModelLoadError(f"{path}: the GGUF has no tokenizer vocabulary; use a GGUF converted with its tokenizer")
+    family = by_gguf_arch(meta.get("general.architecture"))
     if kind == "gpt2":
         tok = _byte_level(tokens, meta)
-    elif kind == "llama" and meta.get("general.architecture") in GEMMA_ARCHS:
+    elif kind == "llama" and family is not None and family.gemma_vocab:
         tok = _gemma_sentencepiece(tokens)
     elif kind == "llama":
         tok = _sentencepiece_bpe(tokens, meta)

@@ -2,7 +2,8 @@
 
 llama.cpp's converter renames every tensor (`blk.3.attn_q.weight` for `model.layers.3.self_attn.q_proj.weight`)
 and, for the llama family, permutes the rows of q/k so that its rotary kernel can rotate adjacent pairs.
-Our Transformer rotates halves, as Hugging Face does, so those rows are permuted back here.
+Our Transformer rotates halves, as Hugging Face does, so those rows are permuted back here. Where a family's
+names or rows differ is in families.py (`gguf_names`, `gguf_permuted_qk`).
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import numpy as np
 import torch
 
 from .errors import ModelLoadError
+from .families import family
 
 if TYPE_CHECKING:
     from .gguf_int4 import Imported
 
-# GGUF tensor name (after `blk.N.`) -> our parameter name (after `layers.N.`).
+# GGUF tensor name (after `blk.N.`) -> our parameter name (after `layers.N.`); a family's `gguf_names` override.
 _BLOCK_NAMES = {
     "attn_norm": "input_layernorm",
     "attn_q": "self_attn.q_proj",
@@ -38,16 +40,7 @@ _BLOCK_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-# Gemma 3's sandwich norms: `ffn_norm` is the pre-MLP norm there too, but its checkpoint name differs.
-_GEMMA3_NAMES = {
-    "ffn_norm": "pre_feedforward_layernorm",
-    "post_attention_norm": "post_attention_layernorm",
-    "post_ffw_norm": "post_feedforward_layernorm",
-}
 _TOP_NAMES = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
-
-# Architectures whose converter permuted q/k rows for llama.cpp's "normal" (adjacent-pair) rotary.
-_PERMUTED_ARCHS = ("llama",)
 
 
 @dataclass(frozen=True)
@@ -187,12 +180,36 @@ def _parse(path: Path, buf: np.ndarray) -> GGUFFile:
 def gguf_to_hf_name(name: str, arch: str = "llama") -> str | None:
     """Our parameter name for a GGUF tensor name, or None for tensors we do not load as parameters."""
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
-    block_names = {**_BLOCK_NAMES, **_GEMMA3_NAMES} if arch == "gemma3" else _BLOCK_NAMES
+    block_names = {**_BLOCK_NAMES, **family(arch).gguf_names}
     if m and m.group(2) in block_names:
         return f"layers.{m.group(1)}.{block_names[m.group(2)]}.{m.group(3)}"
     m = re.fullmatch(r"(\w+)\.(weight|bias)", name)
     if m and m.group(1) in _TOP_NAMES:
         return f"{_TOP_NAMES[m.group(1)]}.{m.group(2)}"
+    return None
+
+
+def hf_to_gguf_name(name: str, arch: str = "llama") -> str:
+    """llama.cpp's name for our parameter `name` (`layers.3.self_attn.q_proj.weight` -> `blk.3.attn_q.weight`): the
+    inverse of gguf_to_hf_name, for writing a GGUF."""
+    top = {ours: theirs for theirs, ours in _TOP_NAMES.items()}
+    block = {ours: theirs for theirs, ours in {**_BLOCK_NAMES, **family(arch).gguf_names}.items()}
+    module, _, kind = name.rpartition(".")
+    if module in top:
+        return f"{top[module]}.{kind}"
+    _, i, rest = module.split(".", 2)
+    return f"blk.{i}.{block[rest]}.{kind}"
+
+
+def permuted_heads(name: str, arch: str, n_heads: int, n_kv_heads: int) -> int | None:
+    """The head count to un-permute the rows of our parameter `name` with (q and k of a family whose converter
+    permuted them for llama.cpp's adjacent-pair rotary), or None: stored as we hold it."""
+    if not family(arch).gguf_permuted_qk:
+        return None
+    if name.endswith(("q_proj.weight", "q_proj.bias")):
+        return n_heads
+    if name.endswith(("k_proj.weight", "k_proj.bias")):
+        return n_kv_heads
     return None
 
 
@@ -232,11 +249,7 @@ def iter_weights(file: GGUFFile, arch: str, n_heads: int, n_kv_heads: int,
             if tensor.name == "rope_freqs.weight":  # llama3 rope scaling, as per-frequency divisors
                 yield "rope_freqs", dequantize(tensor, path)
             continue
-        heads = None
-        if arch in _PERMUTED_ARCHS and name.endswith(("q_proj.weight", "q_proj.bias")):
-            heads = n_heads
-        elif arch in _PERMUTED_ARCHS and name.endswith(("k_proj.weight", "k_proj.bias")):
-            heads = n_kv_heads
+        heads = permuted_heads(name, arch, n_heads, n_kv_heads)
         rows = (lambda t, h=heads: unpermute_rotary(t, h)) if heads else None
         if int4 is not None and _DECODER_LINEAR.fullmatch(name):
             from .gguf_int4 import FOUR_BIT, int4_tensors
@@ -252,3 +265,12 @@ def iter_weights(file: GGUFFile, arch: str, n_heads: int, n_kv_heads: int,
             continue
         w = dequantize(tensor, path)
         yield name, (rows(w) if rows else w)
+
+
+def four_bit_types(path: str | Path) -> str | None:
+    """'Q4_1' (or 'Q4_K/...'): the 4-bit types of a GGUF's decoder linears, from its header; None when none is."""
+    from .gguf_int4 import FOUR_BIT
+
+    kinds = {t.kind.name for t in open_gguf(path).tensors
+             if t.kind in FOUR_BIT and t.name.startswith("blk.") and t.name.endswith(".weight")}
+    return "/".join(sorted(kinds)) or None

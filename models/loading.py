@@ -196,7 +196,7 @@ def assemble(config: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], d
     if config.tie_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.inv_freq = _rotary_frequencies(config, rope_freqs, inv_freq, source).to(device)
-    if hasattr(model, "inv_freq_local"):  # Gemma 3's sliding-window layers: their own base, never scaled
+    if config.local_rope:  # Gemma 3's sliding-window layers: their own base, never scaled
         model.inv_freq_local = rope_frequencies(config, local=True).to(device)
     return model.eval()
 

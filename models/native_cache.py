@@ -2,10 +2,10 @@
 
 Repacking an INT4 model for the CPU step (`kernels.native.pack_q4` / `pack_q8`) took seconds on every start;
 the result depends only on the quantized weights and the packing code, so it is kept in the AWQ folder as
-`native-<key>.safetensors` with a manifest `native-<key>.json` (its size and sha256), both written to
-temporary names and renamed into place, the manifest last. The key hashes the folder's own manifest (its
-weights' sha256), the head's bit width and the source of the packing code, so a rebuilt model or changed
-packing code never reads a stale file. The Parley cache folder is treated as untrusted-ish: a file whose
+`native-<key>.safetensors` with a manifest `native-<key>.json` (its size and sha256), both written atomically
+(parley.cache_files), the manifest last. The key hashes the folder's own manifest (its weights' sha256), the
+head's bit width and the source of the packing code, so a rebuilt model or changed packing code never reads a
+stale file. The Parley cache folder is treated as untrusted-ish: a file whose
 size, hash or tensor shapes do not match what the model implies is ignored (and rebuilt), never read past.
 Only folders inside the Parley cache get a packed file: a user's own AWQ checkpoint folder is not written to.
 """
@@ -15,15 +15,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import struct
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from .quantize.cache import file_sha256
+from ..cache_files import file_sha256, save_safetensors_atomic, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +39,12 @@ def cache_key(folder: Path, head_bits: int, head: str = "", rotated_down: bool =
     `head`: how a 4-bit head is rounded ("gptq", or "" for to nearest); `rotated_down`: whether the model
     runs the folder's rotated down_proj (models/quantize/hadamard.py) rather than the standard one."""
     from ..kernels import native
-    from . import native_step
     from .quantize import gptq, hadamard, head4
-    from .quantize.cache import MANIFEST, cache_root
+    from .quantize.cache import MANIFEST, awq_root
 
     try:
         folder = folder.resolve()
-        if cache_root().resolve() not in folder.parents:
+        if awq_root().resolve() not in folder.parents:
             return None
         files = json.loads((folder / MANIFEST).read_text())["files"]
         weights = files["model.safetensors"]["sha256"]
@@ -55,7 +52,10 @@ def cache_key(folder: Path, head_bits: int, head: str = "", rotated_down: bool =
             weights += "|" + files[hadamard.FILE]["sha256"]
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
-    code = b"".join(Path(m.__file__).read_bytes() for m in (native, native_step, head4, gptq))
+    # the packing code's sources (native_step.py read, not imported: it imports this module)
+    sources = (Path(native.__file__), Path(__file__).with_name("native_step.py"), Path(head4.__file__),
+               Path(gptq.__file__))
+    code = b"".join(p.read_bytes() for p in sources)
     text = f"{FORMAT}|{weights}|{head_bits}{head}|".encode() + hashlib.sha256(code).digest()
     return hashlib.sha256(text).hexdigest()[:16]
 
@@ -111,22 +111,9 @@ def _mmap_safetensors(path: Path) -> dict[str, Tensor]:
 
 def save(folder: Path, key: str, tensors: dict[str, Tensor]) -> None:
     """Write the packed tensors and then their manifest, each atomically; a failure only costs the next start."""
-    from safetensors.torch import save_file
-
     data, manifest = _paths(folder, key)
     try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".native-", suffix=".tmp")
-        os.close(fd)
-        try:
-            save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata={"format": FORMAT})
-            meta = {"format": FORMAT, "key": key, "size": os.path.getsize(tmp), "sha256": file_sha256(Path(tmp))}
-            os.replace(tmp, data)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".native-", suffix=".json.tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(meta, f)
-        os.replace(tmp, manifest)
+        sha256 = save_safetensors_atomic(data, tensors, metadata={"format": FORMAT})
+        write_json_atomic(manifest, {"format": FORMAT, "key": key, "size": data.stat().st_size, "sha256": sha256})
     except OSError as e:  # a read-only or full cache: the step works, the next start packs again
         log.warning("could not cache the CPU layout in %s (%s)", folder, e)

@@ -168,7 +168,7 @@ class NativeStep:
         if head_bits == 32 and c.tie_embeddings:  # the unquantized head is the embedding itself, skipped above
             self.weight_bytes += embed.numel() * embed.element_size()
         cos, sin = self._rope_table(c.max_seq_len, model.inv_freq)
-        if hasattr(model, "inv_freq_local"):  # Gemma 3's sliding layers rotate with their own base
+        if c.local_rope:  # Gemma 3's sliding layers rotate with their own base
             local = self._rope_table(c.max_seq_len, model.inv_freq_local)
             for i in range(c.n_layers):
                 if c.layer_windows[i]:
@@ -298,9 +298,12 @@ class NativeStep:
                     t = getattr(cache, f"{name}{i}", None)
                     return None if t is None else t.data_ptr()
                 kvs[i] = native.KV(p("k"), p("v"), p("ks"), p("vs"), p("vm"))
-            if cache.kind == "fp" and cache.dtype != torch.float32:
+            kind = cache.kind
+            if kind == "fp" and cache.dtype == torch.bfloat16:  # a bf16 model's "fp" cache: the bf16 kind's layout
+                kind = "bf16"
+            elif kind == "fp" and cache.dtype != torch.float32:
                 raise ValueError("the native step reads fp32, bf16, int8 or k8v4 caches")
-            self._caches[cache] = (native.Cache(native.KV_KINDS[cache.kind], cache.max_len, kvs), kvs)
+            self._caches[cache] = (native.Cache(native.KV_KINDS[kind], cache.max_len, kvs), kvs)
         return self._caches[cache][0]
 
     def __call__(self, tokens: Tensor, positions: Tensor, cache: KVCache, last_only: bool = False,

@@ -1,7 +1,7 @@
 """The sampling values a model's makers recommend, and where they come from: its generation_config.json, the
-GGUF's `general.sampling.*` metadata, or (neither saying) a table of the families Parley runs, from their model
-cards. The app starts a model on these instead of one temperature for all (SmolLM2-135M at 0.7 answers nonsense;
-its card uses 0.2); the user's own settings win once set."""
+GGUF's `general.sampling.*` metadata, or (neither saying) its family's model cards, matched in its name
+(`Family.recommended` in families.py). The app starts a model on these instead of one temperature for all
+(SmolLM2-135M at 0.7 answers nonsense; its card uses 0.2); the user's own settings win once set."""
 
 from __future__ import annotations
 
@@ -10,19 +10,13 @@ import re
 import struct
 from pathlib import Path
 
+from .families import recommended_sampling
 from .resolve import ModelFiles
 
 FIELDS = ("temperature", "top_p", "top_k", "min_p")
 # GGUF keys as llama.cpp writes them (`general.sampling.temp`, ...).
 GGUF_KEYS = {"temperature": "general.sampling.temp", "top_p": "general.sampling.top_p",
              "top_k": "general.sampling.top_k", "min_p": "general.sampling.min_p"}
-# Family (matched in the model's name) -> what its card or hub generation_config.json recommends.
-FAMILIES: tuple[tuple[str, str, dict[str, float | int]], ...] = (
-    (r"smollm2", "SmolLM2's model card", {"temperature": 0.2, "top_p": 0.9}),
-    (r"gemma-?3", "Gemma 3's model card", {"temperature": 1.0, "top_k": 64, "top_p": 0.95}),
-    (r"qwen2\.?5", "Qwen2.5's model card", {"temperature": 0.7, "top_p": 0.8, "top_k": 20}),
-    (r"llama-?3", "Llama 3's model card", {"temperature": 0.6, "top_p": 0.9}),
-)
 
 
 def _valid(values: dict[str, object]) -> dict[str, float | int]:
@@ -103,7 +97,7 @@ def sampling_defaults(files: ModelFiles, name: str = "") -> tuple[dict[str, floa
             return values, "from the GGUF's metadata"
         names += [str(metadata.get("general.basename", "")), str(metadata.get("general.name", ""))]
     text = " ".join(names).lower()
-    for pattern, source, values in FAMILIES:
+    for pattern, source, values in recommended_sampling():
         if re.search(pattern, text):
             return dict(values), f"from {source}"
     return {}, ""

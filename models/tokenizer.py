@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import chat_template
+from . import chat_template, families
 from .errors import ModelLoadError
 from .resolve import ModelFiles
 
@@ -129,9 +129,9 @@ class Tokenizer:
                  add_bos: bool = False) -> None:
         self.backend = backend
         self.has_chat_template = chat_template_source is not None
-        # No template of its own: the family's known one (as llama.cpp does), else ChatML; `template_note`
-        # says which, for the app to show once.
-        family = chat_template.FAMILY_TEMPLATES.get(arch or "") if chat_template_source is None else None
+        # No template of its own: the family's known one (as llama.cpp does; families.py), else ChatML;
+        # `template_note` says which, for the app to show once. `arch`: the family's name (ModelConfig.arch).
+        family = families.family(arch).chat_template if arch and chat_template_source is None else None
         self.template_note: str | None = None
         if chat_template_source is None:
             self.template_note = (f"the model has no chat template; using the {arch} family's" if family else
@@ -209,11 +209,11 @@ def _from_gguf(path: Path) -> Tokenizer:
     extra = [meta["tokenizer.ggml.eot_token_id"]] if "tokenizer.ggml.eot_token_id" in meta else []
     where = f"{path}: metadata tokenizer.chat_template"
     template = _checked_template(meta.get("tokenizer.chat_template"), where)
-    arch = meta.get("general.architecture")
+    family = families.by_gguf_arch(meta.get("general.architecture"))
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", meta.get("tokenizer.ggml.model") == "llama"))
     built = tokenizer_cache.load_or_build(path, lambda: gguf_tokenizer.build(meta, path))
     return Tokenizer(HFBackend(built), template, special, eos_id, extra, where,
-                     arch=arch if isinstance(arch, str) else None, add_bos=add_bos)
+                     arch=family.name if family is not None else None, add_bos=add_bos)
 
 
 def _checked_template(template: Any, where: str) -> str | None:
@@ -305,7 +305,6 @@ def _from_dir(path: Path) -> Tokenizer:
     generation = _read_json(path / "generation_config.json")
     eos = generation.get("eos_token_id")
     extra = [e for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int)]
-    arch = _read_json(path / "config.json").get("model_type")
-    arch = {"gemma3_text": "gemma3"}.get(arch, arch) if isinstance(arch, str) else None
-    return Tokenizer(backend, template, special, None, extra, where, arch=arch,
+    family = families.by_model_type(_read_json(path / "config.json").get("model_type"))
+    return Tokenizer(backend, template, special, None, extra, where, arch=family.name if family else None,
                      add_bos=bool(config.get("add_bos_token", False)))

@@ -14,23 +14,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from ..cache_files import cache_dir, write_json_atomic
+
 log = logging.getLogger(__name__)
 
 FORMAT = "parley-gguf-tokenizer-1"
-
-
-def cache_dir() -> Path:
-    from .quantize.cache import cache_root
-
-    return cache_root().parent / "tokenizers"
 
 
 def cache_path(gguf: Path) -> Path | None:
@@ -45,7 +39,7 @@ def cache_path(gguf: Path) -> Path | None:
         return None
     ident = f"{FORMAT}|{gguf}|{st.st_size}|{st.st_mtime_ns}|".encode() + hashlib.sha256(code).digest()
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", gguf.stem).strip("-.")[:60] or "model"
-    return cache_dir() / f"{name}-{hashlib.sha256(ident).hexdigest()[:16]}.json"
+    return cache_dir("tokenizers") / f"{name}-{hashlib.sha256(ident).hexdigest()[:16]}.json"
 
 
 def load_or_build(gguf: Path, build: Callable[[], Tokenizer]) -> Tokenizer:
@@ -83,13 +77,6 @@ def _write(path: Path, tok: Tokenizer) -> None:
     entry = {"format": FORMAT, "sha256": hashlib.sha256(text.encode()).hexdigest(), "tokenizer": text}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tokenizer-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(entry, f)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        write_json_atomic(path, entry)
     except OSError as e:  # a read-only or full cache
         log.warning("could not cache the tokenizer in %s (%s)", path.parent, e)

@@ -1,7 +1,8 @@
 """A decoder-only transformer for the llama, mistral, qwen2, qwen3 and gemma3 families, in plain PyTorch.
 
-The families differ by a few switches of `ModelConfig` (gpt-fast's ModelArgs spirit): Gemma 3 adds norms
-after attention and the MLP, GeGLU, scaled embeddings, and sliding-window layers with their own rope base.
+The families differ by a few switches of `ModelConfig` (gpt-fast's ModelArgs spirit; which family sets which is
+in families.py): Gemma 3 adds norms after attention and the MLP, GeGLU, scaled embeddings, and sliding-window
+layers with their own rope base.
 
 One `forward` serves prefill, one-token decode and the verification of k+1 speculated tokens: it takes
 token ids and their absolute positions, writes their keys/values into a preallocated cache and attends
@@ -341,7 +342,7 @@ class Transformer(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", rope_frequencies(config), persistent=False)
-        if any(config.layer_windows) and config.rope_local_theta:
+        if config.local_rope:
             self.register_buffer("inv_freq_local", rope_frequencies(config, local=True), persistent=False)
 
     def new_cache(self, max_len: int | None = None, batch: int = 1, kind: str = "fp") -> KVCache:
@@ -362,7 +363,7 @@ class Transformer(nn.Module):
         """
         x = self.embed(tokens)
         rope = {False: self._rotation(positions, self.inv_freq, x.dtype)}
-        if hasattr(self, "inv_freq_local"):
+        if self.config.local_rope:
             rope[True] = self._rotation(positions, self.inv_freq_local, x.dtype)
         slots = torch.arange(cache.window if window is None else window, device=tokens.device)
         causal = (slots[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, window]

@@ -517,8 +517,8 @@ def quantize_8b(run: Run) -> dict:
     from parley.models.config import ModelConfig
     from parley.models.quantize import hadamard
     from parley.models.quantize.awq import LayerRunner, awq_layer
-    from parley.models.quantize.cache import default_calibration_size, first_run_settings
     from parley.models.quantize.int4_linear import decoder_linears
+    from parley.models.quantize.methods import default_calibration_size, first_run_settings
     from parley.models.quantize.pack import quantize_weight
     from parley.models.transformer import Transformer
 

@@ -31,9 +31,9 @@ from torch import Tensor
 from parley.app.bench.quality import HELDOUT_DIR, dequantized, perplexity
 from parley.models.loading import load_model
 from parley.models.quantize import awq, hadamard
-from parley.models.quantize.cache import DISTILL_SAMPLES, evenly, first_run_settings
 from parley.models.quantize.calibration import builtin_files, load_calibration
 from parley.models.quantize.int4_linear import decoder_linears
+from parley.models.quantize.methods import DISTILL_SAMPLES, evenly, first_run_settings
 from parley.models.quantize.rotate import random_rotation
 from parley.models.resolve import resolve
 from parley.models.tokenizer import load_tokenizer

@@ -309,8 +309,8 @@ MUTANTS: list[Mutant] = [
            "    if False:\n        hadamard.install(",
            ("tests/test_distill_tunes_scales_and_norms_only.py",)),
     Mutant("rotated-gram-unsigned", "models/quantize/hadamard.py",
-           "hd = h.double() * diag.double()[:, None] * diag.double()[None, :]",
-           "hd = h.double() * diag.double()[:, None].abs() * diag.double()[None, :].abs()",
+           "hd = h * diag.to(h.dtype)[:, None] * diag.to(h.dtype)[None, :]",
+           "hd = h * diag.to(h.dtype)[:, None].abs() * diag.to(h.dtype)[None, :].abs()",
            ("tests/test_down_hadamard_rotation_is_exact.py::test_the_rotated_gram_matrix_is_the_gram_matrix_of_the_rotated_inputs",)),
     # -- hostile input (issue 36) --
     Mutant("serve-any-host", "app/server/api.py",
@@ -373,7 +373,8 @@ MUTANTS: list[Mutant] = [
            "if available is None or need + HEADROOM <= available:", "if True:",
            ("tests/test_quant_none_weights_fit.py",)),
     Mutant("quant-none-dtype-unused", "engine/engine.py",
-           "dtype = weights_dtype(config, dev, str(files.path), files)", "weights_dtype(config, dev, str(files.path), files)",
+           "dtype = weights_dtype(config, dev, str(files.path), files)",
+           "weights_dtype(config, dev, str(files.path), files)",
            ("tests/test_quant_none_weights_fit.py",)),
     # -- issue 37: every route to the same weights finds the same INT4 folder --
     Mutant("quant-key-holds-the-name", "models/quantize/cache.py",
@@ -398,9 +399,9 @@ MUTANTS: list[Mutant] = [
            "if Path(str(name)).name != name or not path.is_file():",
            ("tests/test_quantize_resumes_after_a_kill.py::test_a_damaged_layer_file_is_not_trusted",)),
     Mutant("stream-state-before-layer-file", "models/quantize/stream.py",
-           "        state.files[layer_file(i)] = save_atomic(tensors, work / layer_file(i))\n",
+           "        state.files[layer_file(i)] = save_safetensors_atomic(work / layer_file(i), tensors)\n",
            "        state.files[layer_file(i)] = ''\n        state.save(work)\n"
-           "        state.files[layer_file(i)] = save_atomic(tensors, work / layer_file(i))\n",
+           "        state.files[layer_file(i)] = save_safetensors_atomic(work / layer_file(i), tensors)\n",
            ("tests/test_quantize_resumes_after_a_kill.py::test_a_half_written_layer_is_redone",)),
     Mutant("stream-carried-rows-skip-the-layer", "models/quantize/stream.py",
            "x_rest = run.block(block, x[others]) if bool(others.any()) else None",

@@ -8,8 +8,8 @@ import torch
 from awq_tiny import embedded_model, outlier_model
 
 from parley.models.quantize.awq import AWQSettings, LayerRunner, awq_quantize, model_group_size, rtn_quantize
-from parley.models.quantize.cache import fast_cpu_bf16
 from parley.models.quantize.calibration import load_calibration
+from parley.models.quantize.methods import fast_cpu_bf16
 
 
 @torch.no_grad()

@@ -12,9 +12,9 @@ from test_awq_checkpoint_loads import fp16_rounded, tokenizer_files
 from parley.models.config import ModelConfig
 from parley.models.loading import load_model
 from parley.models.quantize.awq import AWQSettings, awq_quantize
-from parley.models.quantize.cache import applied_method, first_run_settings, method_name
 from parley.models.quantize.checkpoint import save_awq
 from parley.models.quantize.int4_linear import Int4Linear
+from parley.models.quantize.methods import applied_method, first_run_settings, method_name
 from parley.models.resolve import resolve
 from parley.models.transformer import Transformer
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from parley.app import cli
+from parley.app import cli, generate
 
 
 def one_line_error(capsys) -> str:
@@ -45,7 +45,7 @@ def test_ctrl_c(capsys, monkeypatch):
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "cmd_generate", interrupted)
+    monkeypatch.setattr(generate, "run", interrupted)
     assert cli.main(["generate", "hi"]) == 130
     assert "interrupted" in one_line_error(capsys)
 
@@ -54,7 +54,7 @@ def test_disk_full(capsys, monkeypatch):
     def full(args):
         raise OSError(errno.ENOSPC, "No space left on device", "/cache/awq/x/model.safetensors")
 
-    monkeypatch.setattr(cli, "cmd_generate", full)
+    monkeypatch.setattr(generate, "run", full)
     assert cli.main(["generate", "hi"]) == 1
     assert "disk is full writing /cache/awq/x/model.safetensors" in one_line_error(capsys)
 
@@ -63,7 +63,7 @@ def test_other_os_errors_are_not_disguised(monkeypatch):
     def bug(args):
         raise OSError(errno.EBADF, "Bad file descriptor")
 
-    monkeypatch.setattr(cli, "cmd_generate", bug)
+    monkeypatch.setattr(generate, "run", bug)
     with pytest.raises(OSError):
         cli.main(["generate", "hi"])
 

@@ -9,7 +9,7 @@ import json
 import pytest
 from fake_engine import FakeEngine
 
-from parley.app import cli
+from parley.app import cli, generate
 from parley.engine.events import Done, Stats, TextDelta
 
 
@@ -27,22 +27,22 @@ def args(*argv: str):
 
 
 def test_prompt_from_stdin_when_dash_or_absent():
-    assert cli.read_prompt(args(), Stdin("What is 2+2?\n")) == "What is 2+2?\n"
-    assert cli.read_prompt(args("-"), Stdin("piped")) == "piped"
-    assert cli.read_prompt(args("given"), Stdin("ignored")) == "given"
+    assert generate.read_prompt(args(), Stdin("What is 2+2?\n")) == "What is 2+2?\n"
+    assert generate.read_prompt(args("-"), Stdin("piped")) == "piped"
+    assert generate.read_prompt(args("given"), Stdin("ignored")) == "given"
     with pytest.raises(ValueError, match="pipe it in"):
-        cli.read_prompt(args(), Stdin("", tty=True))
+        generate.read_prompt(args(), Stdin("", tty=True))
     with pytest.raises(ValueError, match="empty"):
-        cli.read_prompt(args("-"), Stdin("  \n"))
+        generate.read_prompt(args("-"), Stdin("  \n"))
 
 
 def test_file_is_attached_before_the_prompt(tmp_path):
     doc = tmp_path / "notes.txt"
     doc.write_bytes(b"line one\r\nline two\r\n")
-    prompt = cli.read_prompt(args("Summarise", "--file", str(doc)), Stdin("", tty=True))
+    prompt = generate.read_prompt(args("Summarise", "--file", str(doc)), Stdin("", tty=True))
     assert prompt.startswith("line one\nline two") and prompt.endswith("Summarise")
     with pytest.raises(ValueError, match="missing.txt"):
-        cli.read_prompt(args("x", "--file", str(tmp_path / "missing.txt")), Stdin("", tty=True))
+        generate.read_prompt(args("x", "--file", str(tmp_path / "missing.txt")), Stdin("", tty=True))
 
 
 class ScriptedEngine(FakeEngine):

@@ -12,7 +12,7 @@ import torch
 from serve_support import running_server
 from tiny_models import write_model_dir
 
-from parley.app import cli
+from parley.app import cli, generate
 from parley.engine.engine import Engine
 from parley.engine.events import Notice
 from parley.engine.params import GenerationParams
@@ -40,7 +40,7 @@ def test_raw_generate_equals_completions(engine, monkeypatch, capsys):
     monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *a, **k: engine))
     args = cli.build_parser().parse_args(["generate", "--raw", "--temperature", "0", "--max-new-tokens", "12",
                                           "--speculation", "off", prompt])
-    assert cli.cmd_generate(args) == 0
+    assert generate.run(args) == 0
     generated = capsys.readouterr().out.removesuffix("\n")
     assert engine.tokenizer.encode_raw(prompt)[0] == engine.tokenizer.bos_id
     with running_server(engine) as (_server, base):

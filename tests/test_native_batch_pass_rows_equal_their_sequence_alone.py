@@ -2,7 +2,8 @@
 
 The multi-sequence pass is what continuous batching runs: rows of different sequences (a decode token, a
 verification of guesses, a prefill chunk, a tree of guesses) share the products, while each row writes and
-attends its own sequence's cache. Checked for INT4 and fp32 weights and every KV cache type, against each
+attends its own sequence's cache. Checked for INT4, fp32 and bf16 weights (every weight kind the step reads;
+test_native_portable_loops runs this file in the AVX2 flavour too) and every KV cache type, against each
 sequence's own single-sequence pass from an identical cache: logits equal bitwise, and every cache holds the
 same bytes afterwards. Depths straddle the 256-key attention block, so sequences of different block counts
 share the pass.
@@ -36,13 +37,20 @@ def same_cache(a, b, length: int) -> bool:
     return all(torch.equal(getattr(a, n)[:, :, :length], getattr(b, n)[:, :, :length]) for n in names)
 
 
+WEIGHTS = ("int4", "fp32", "bf16")
+
+
 @pytest.mark.parametrize("kind", KV_CACHE_TYPES)
-@pytest.mark.parametrize("int4", [True, False])
-def test_each_sequence_of_a_shared_pass_gets_its_solo_logits_and_cache(kind: str, int4: bool) -> None:
-    seed = 5 + int4 + 2 * KV_CACHE_TYPES.index(kind)
+@pytest.mark.parametrize("weights", WEIGHTS)
+def test_each_sequence_of_a_shared_pass_gets_its_solo_logits_and_cache(kind: str, weights: str) -> None:
+    seed = 5 + WEIGHTS.index(weights) + 3 * KV_CACHE_TYPES.index(kind)
     rng = random.Random(seed)
-    model = small_model(int4, seed)
-    step = NativeStep.for_model(model, head_bits=8 if int4 else 32)
+    model = small_model(weights == "int4", seed)
+    if weights == "bf16":  # a bf16 checkpoint as --quant none holds it: W_BF16 products, head and embedding
+        model = model.to(torch.bfloat16)
+    step = NativeStep.for_model(model, head_bits=8 if weights == "int4" else 32)
+    if weights == "bf16":
+        assert step.md.embed_bf16 == 1
     depths = [270, 3, 0, 40, 250]  # context each sequence holds before the shared pass
     contexts = [[rng.randrange(300) for _ in range(d)] for d in depths]
     tree_parents = [-1, 0, 0, 1, 2, 2, 4]

@@ -40,9 +40,9 @@ def start(source: tuple[str, str], bits: int, monkeypatch) -> tuple[Engine, torc
 
 def layout(bits: int) -> tuple:
     """(folder, key, data file) of the cached layout with a `bits` head."""
-    from parley.models.quantize.cache import cache_root
+    from parley.models.quantize.cache import awq_root
 
-    (folder,) = [p for p in cache_root().iterdir() if p.is_dir() and not p.name.startswith(".")]
+    (folder,) = [p for p in awq_root().iterdir() if p.is_dir() and not p.name.startswith(".")]
     head = "gptq" if bits == 4 else ""  # an engine's 4-bit head: GPTQ
     key = native_cache.cache_key(folder, bits, head, rotated_down=(folder / hadamard.FILE).is_file())
     return folder, key, folder / f"native-{key}.safetensors"

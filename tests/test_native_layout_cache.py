@@ -12,10 +12,10 @@ import torch
 from awq_tiny import outlier_model, write_hf_dir
 from safetensors.torch import load_file, save_file
 
+from parley.cache_files import file_sha256
 from parley.engine.engine import Engine
 from parley.kernels import native
 from parley.models import native_cache
-from parley.models.quantize.cache import file_sha256
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native step unavailable: {native.why_unavailable()}")
 
@@ -46,10 +46,10 @@ def _own_cache(cache_dir, monkeypatch):
 
 def load(source: str) -> Engine:
     """The engine a start with `--quant awq` gets; `awq_folder` is where its quantized weights are cached."""
-    from parley.models.quantize.cache import cache_root
+    from parley.models.quantize.cache import awq_root
 
     engine = Engine.load(source, quant="awq", device="cpu")
-    (engine.awq_folder,) = [p for p in cache_root().iterdir() if p.is_dir() and not p.name.startswith(".")]
+    (engine.awq_folder,) = [p for p in awq_root().iterdir() if p.is_dir() and not p.name.startswith(".")]
     return engine
 
 

@@ -1,6 +1,15 @@
-"""CPUs without AVX-512 VNNI (most laptops) get cpu_step.cpp's portable loops: build that variant here
-(PARLEY_NATIVE_FLAGS=-mno-avx512vnni, its own cache folder) and run the native step's reference,
-batch-invariance and attention tests against it, in a child process so this one keeps its library."""
+"""Every flavour of cpu_step.cpp is tested wherever the machine can run it, not only the one it builds by default.
+
+A build is AVX-512 VNNI, AVX2 + FMA (most laptops) or the portable loops, whichever the compiler's target allows
+(`parley_simd()`: 2, 1, 0). Here the flavours below this machine's own are built with PARLEY_NATIVE_FLAGS (the
+AVX2 one with -mno-avx512f, the portable loops with -mno-avx2 -mno-avx512f), each in its own library folder, and
+the native step's reference, batch-invariance, tree, attention and several-sequence pass tests run against each
+in a child process, so this process keeps its library. A VNNI machine tests both, an AVX2 machine the portable
+loops.
+
+The AVX2 flavour computes the VNNI path's values (the same exact integer sums, and its float operations in the
+same order): a child's logits of small models, every arch and cache type, must equal this process's bit for bit
+on a VNNI machine."""
 
 from __future__ import annotations
 
@@ -10,25 +19,84 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from parley.kernels import native
 
-pytestmark = pytest.mark.skipif(native.load() is None or not native.load().parley_has_vnni(),
-                                reason="this machine builds the portable loops already: the other tests cover them")
-
 TESTS = Path(__file__).parent
+LEVEL = native.load().parley_simd() if native.load() is not None else 0
+FLAVOURS = {1: "-mno-avx512f", 0: "-mno-avx2 -mno-avx512f"}  # what each flavour's build adds to -march=native
+
+pytestmark = pytest.mark.skipif(LEVEL == 0, reason="this machine builds the portable loops already: the other "
+                                                   "tests cover them")
+
+CHILD_TESTS = {  # the portable loops are slow: fewer files, and the attention test runs fewer cases on them
+    1: ["test_native_linear_matches_reference.py", "test_native_linear_reads_gguf_groups.py",
+        "test_native_step_batch_invariance.py", "test_native_attention_matches_banded_reference.py",
+        "test_native_tree_pass_equals_linear_paths.py", "test_down_hadamard_rotation_is_exact.py",
+        "test_native_batch_pass_rows_equal_their_sequence_alone.py"],
+    0: ["test_native_linear_matches_reference.py", "test_native_linear_reads_gguf_groups.py",
+        "test_native_step_batch_invariance.py", "test_native_attention_matches_banded_reference.py",
+        "test_down_hadamard_rotation_is_exact.py", "test_native_batch_pass_rows_equal_their_sequence_alone.py"],
+}
 
 
-def test_portable_loops_pass_the_native_tests(tmp_path: Path) -> None:
-    env = {**os.environ, "PARLEY_NATIVE_FLAGS": "-mno-avx512vnni", "PARLEY_NATIVE_DIR": str(tmp_path)}
-    check = "from parley.kernels import native; assert native.load().parley_has_vnni() == 0"
+def small_model_logits() -> dict[str, torch.Tensor]:
+    """Logits of small random models on this process's library: every arch the step runs (Gemma 3: GeGLU, sandwich
+    norms, its own rotary tables) with INT4 weights, and fp32 weights (llama), every cache type, passes of 1, 7
+    and 22 positions after a 260-position prefill (across the 256-key block edge)."""
+    import random
+
+    from native_models import logits_in_chunks, small_model
+
+    from parley.models.native_step import NativeStep
+    from parley.models.transformer import KV_CACHE_TYPES
+
+    out = {}
+    for arch, int4 in [("llama", True), ("qwen2", True), ("qwen3", True), ("gemma3", True), ("llama", False)]:
+        model = small_model(int4, seed=3, arch=arch, norms=True)
+        step = NativeStep.for_model(model, head_bits=8 if int4 else 32)
+        ids = [random.Random(5).randrange(300) for _ in range(290)]
+        for kind in KV_CACHE_TYPES:
+            out[f"{arch} int4={int4} {kind}"] = logits_in_chunks(model, ids, [260, 1, 7, 22], kind, step)
+    return out
+
+
+def flavour_env(level: int, folder: Path) -> dict[str, str]:
+    return {**os.environ, "PARLEY_NATIVE_FLAGS": FLAVOURS[level], "PARLEY_NATIVE_DIR": str(folder)}
+
+
+def built(level: int, folder: Path) -> dict[str, str]:
+    """The environment of a child that loads flavour `level`, built into `folder` (checked to be that flavour)."""
+    env = flavour_env(level, folder)
+    check = f"from parley.kernels import native; assert native.load().parley_simd() == {level}"
     r = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
+    return env
+
+
+@pytest.fixture(scope="module")
+def avx2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("avx2-flavour")
+
+
+@pytest.mark.parametrize("level", [lv for lv in (1, 0) if lv < LEVEL], ids=lambda lv: {1: "avx2", 0: "portable"}[lv])
+def test_flavour_passes_the_native_tests(level: int, tmp_path: Path, avx2_dir: Path) -> None:
+    env = built(level, avx2_dir if level == 1 else tmp_path)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        str(TESTS / "test_native_linear_matches_reference.py"),
-                        str(TESTS / "test_native_linear_reads_gguf_groups.py"),
-                        str(TESTS / "test_native_step_batch_invariance.py"),
-                        str(TESTS / "test_native_attention_matches_banded_reference.py"),
-                        str(TESTS / "test_down_hadamard_rotation_is_exact.py")],
+                        *[str(TESTS / name) for name in CHILD_TESTS[level]]],
                        env=env, capture_output=True, text=True, timeout=1200, cwd=TESTS.parent)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+
+
+@pytest.mark.skipif(LEVEL < 2, reason="needs a VNNI machine: the AVX2 flavour is checked against the VNNI build")
+def test_avx2_flavour_computes_the_vnni_paths_bits(tmp_path: Path, avx2_dir: Path) -> None:
+    env = built(1, avx2_dir)
+    dump = ("import sys, torch; sys.path.insert(0, sys.argv[2]); from test_native_portable_loops import "
+            "small_model_logits; torch.save(small_model_logits(), sys.argv[1])")
+    r = subprocess.run([sys.executable, "-c", dump, str(tmp_path / "avx2.pt"), str(TESTS)], env=env,
+                       capture_output=True, text=True, timeout=600, cwd=TESTS.parent)
+    assert r.returncode == 0, r.stderr[-3000:]
+    avx2, vnni = torch.load(tmp_path / "avx2.pt"), small_model_logits()
+    differ = [name for name in vnni if not torch.equal(avx2[name], vnni[name])]
+    assert not differ, f"the AVX2 flavour's logits differ from the VNNI build's: {differ}"

@@ -24,8 +24,9 @@ TESTS = Path(__file__).parent
 
 
 def test_profile_build_is_batch_invariant_and_reports_every_phase(tmp_path: Path) -> None:
-    env = {**os.environ, "PARLEY_NATIVE_FLAGS": "-DPARLEY_PROFILE", "PARLEY_NATIVE_DIR": str(tmp_path),
-           "PARLEY_THREADS": "2"}
+    # the flavour this run builds (PARLEY_NATIVE_FLAGS, e.g. -mno-avx512f for the AVX2 one), with the timer
+    flags = f"{os.environ.get('PARLEY_NATIVE_FLAGS', '')} -DPARLEY_PROFILE".strip()
+    env = {**os.environ, "PARLEY_NATIVE_FLAGS": flags, "PARLEY_NATIVE_DIR": str(tmp_path), "PARLEY_THREADS": "2"}
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         str(TESTS / "test_native_step_batch_invariance.py")],
                        env=env, capture_output=True, text=True, timeout=1200, cwd=TESTS.parent)

@@ -16,7 +16,7 @@ import pytest
 from awq_tiny import outlier_model, write_hf_dir
 
 from parley.models.loading import load_model
-from parley.models.quantize.cache import cache_root, ensure_quantized, verify
+from parley.models.quantize.cache import awq_root, ensure_quantized, verify
 from parley.models.resolve import resolve
 
 SETTINGS = dict(group_size=32, calib="builtin", n_samples=8, seq_len=32)
@@ -47,7 +47,7 @@ def start_quantizer(source) -> tuple[subprocess.Popen, float]:
 
 def assert_no_partial_folder(why: str) -> None:
     """Every folder under its final name is complete: manifest present and every file as it records."""
-    root = cache_root()
+    root = awq_root()
     for folder in root.iterdir() if root.exists() else []:
         if folder.name.startswith("."):
             continue  # temporary build folders: never returned, removed once their builder is dead
@@ -65,7 +65,7 @@ def test_sigkill_at_random_moments_never_leaves_a_partial_folder(source):
     seed = int(os.environ.get("PARLEY_TEST_SEED", "20261129"))  # set it to replay a failure
     rng = random.Random(seed)
     for kill in range(3):
-        shutil.rmtree(cache_root())  # start from an empty cache
+        shutil.rmtree(awq_root())  # start from an empty cache
         proc, t0 = start_quantizer(source)
         delay = rng.uniform(0, duration * 1.1)  # a random moment of the build (not a race: any moment is valid)
         time.sleep(max(0.0, delay - (time.monotonic() - t0)))
@@ -79,7 +79,7 @@ def test_sigkill_at_random_moments_never_leaves_a_partial_folder(source):
     assert out.path == built, f"seed {seed}"
     assert verify(out.path, json.loads((out.path / "manifest.json").read_text())["key"]) is None
     load_model(out)
-    assert not [p for p in cache_root().iterdir() if p.name.startswith(".tmp-")], f"seed {seed}: stale temp"
+    assert not [p for p in awq_root().iterdir() if p.name.startswith(".tmp-")], f"seed {seed}: stale temp"
 
 
 def test_folder_that_does_not_verify_is_rebuilt(source, caplog):

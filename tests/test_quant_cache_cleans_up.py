@@ -10,7 +10,7 @@ from awq_tiny import outlier_model, write_hf_dir
 
 from parley.models.errors import ModelLoadError
 from parley.models.quantize import cache, stream
-from parley.models.quantize.cache import cache_root, ensure_quantized
+from parley.models.quantize.cache import awq_root, ensure_quantized
 from parley.models.resolve import resolve
 
 SETTINGS = dict(group_size=32, calib="builtin", n_samples=4, seq_len=32)
@@ -23,7 +23,7 @@ def source(tmp_path, monkeypatch):
 
 
 def leftovers():
-    return sorted(p.name for p in cache_root().iterdir()) if cache_root().exists() else []
+    return sorted(p.name for p in awq_root().iterdir()) if awq_root().exists() else []
 
 
 def test_full_disk_is_one_error_and_leaves_nothing(source, monkeypatch):
@@ -53,10 +53,10 @@ def test_ctrl_c_removes_the_temporary_folder(source, monkeypatch):
 
 def test_dead_builders_temporary_folder_goes_on_the_next_load(source):
     out = ensure_quantized(source, **SETTINGS)
-    dead = cache_root() / f".tmp-{out.path.name}.pid999999999.abcd"  # no such process
+    dead = awq_root() / f".tmp-{out.path.name}.pid999999999.abcd"  # no such process
     dead.mkdir()
     (dead / "model.safetensors").write_bytes(b"half")
-    alive = cache_root() / f".tmp-{out.path.name}.pid1.abcd"  # pid 1 is alive: a build in progress, kept
+    alive = awq_root() / f".tmp-{out.path.name}.pid1.abcd"  # pid 1 is alive: a build in progress, kept
     alive.mkdir()
     assert ensure_quantized(source, **SETTINGS).path == out.path  # a cache hit, no build
     assert leftovers() == sorted([alive.name, out.path.name])

@@ -7,7 +7,7 @@ from safetensors import SafetensorError
 
 from parley.models.errors import ModelLoadError
 from parley.models.quantize import cache
-from parley.models.quantize.cache import cache_root, ensure_quantized
+from parley.models.quantize.cache import awq_root, ensure_quantized
 from parley.models.resolve import resolve
 
 SETTINGS = dict(group_size=32, calib="builtin", n_samples=4, seq_len=32)
@@ -32,7 +32,7 @@ def test_safetensors_disk_full_is_one_error_and_leaves_nothing(tmp_path, monkeyp
     with pytest.raises(ModelLoadError, match=rf"cannot write the quantized model \(.*{words}.*\); free some space"):
         ensure_quantized(source, **SETTINGS)
     # nothing partial is kept but the work folder of finished layers, named in the error, for a resume
-    assert [p.name for p in cache_root().iterdir() if not p.name.startswith(".work-")] == []
+    assert [p.name for p in awq_root().iterdir() if not p.name.startswith(".work-")] == []
 
 
 def test_other_safetensors_errors_are_not_disguised(tmp_path, monkeypatch):

@@ -6,7 +6,7 @@ import torch
 from awq_tiny import outlier_model, write_hf_dir
 
 from parley.models.loading import load_config, load_model
-from parley.models.quantize import cache, stream
+from parley.models.quantize import methods, stream
 from parley.models.quantize.distill import teacher_targets
 from parley.models.resolve import resolve
 
@@ -21,7 +21,7 @@ def test_walk_answers_equal_the_whole_fp_models(tmp_path, monkeypatch):
     gen = torch.Generator().manual_seed(5)
     tokens = torch.randint(0, config.vocab_size, (6, 24), generator=gen)
     rows = torch.tensor([0, 2, 4])  # AWQ's share; rows 1, 3, 5 are only carried through the fp layers
-    awq = cache.tier_settings("full", 32, torch.device("cpu"))
+    awq = methods.tier_settings("full", 32, torch.device("cpu"))
     awq.search_dtype = None  # fp32 throughout: the comparison is of the walk, not of bf16 rounding
     walk = stream.quantize_layers(source, config, {"k": 1}, tmp_path / "work", awq, tokens, rows,
                                   torch.device("cpu"), torch.float32, top_k=8)

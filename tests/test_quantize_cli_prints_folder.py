@@ -7,7 +7,7 @@ from pathlib import Path
 from awq_tiny import outlier_model, write_hf_dir
 
 from parley.app.cli import main
-from parley.models.quantize.cache import cache_root
+from parley.models.quantize.cache import awq_root
 
 
 def test_quantize_prints_cache_folder_last(tmp_path, capsys, monkeypatch):
@@ -17,7 +17,7 @@ def test_quantize_prints_cache_folder_last(tmp_path, capsys, monkeypatch):
     assert main(argv) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     folder = Path(lines[-1])
-    assert folder.parent == cache_root() and (folder / "manifest.json").is_file()
+    assert folder.parent == awq_root() and (folder / "manifest.json").is_file()
     assert any("quantization took" in line for line in lines)
     assert any("32 is used for all layers" in line for line in lines)  # 96 is not a multiple of 128 or 64
 

@@ -56,7 +56,7 @@ def layers_read(monkeypatch):
 
 
 def layers_in_state() -> int:
-    for work in cache.cache_root().glob(".work-*"):
+    for work in cache.awq_root().glob(".work-*"):
         try:
             return json.loads((work / "state.json").read_text())["layers_done"]
         except (OSError, ValueError, KeyError):
@@ -77,7 +77,7 @@ def test_sigkill_after_a_layer_resumes_there(source, reference, tmp_path, monkey
     finally:
         proc.kill()
         proc.wait()
-    work = [p for p in cache.cache_root().iterdir() if p.name.startswith(".work-")]
+    work = [p for p in cache.awq_root().iterdir() if p.name.startswith(".work-")]
     assert len(work) == 1
     state, why = stream.resume_state(work[0], json.loads((work[0] / "state.json").read_text())["key"])
     assert state.layers_done >= 2, why
@@ -111,7 +111,7 @@ def test_a_damaged_layer_file_is_not_trusted(source, reference, monkeypatch):
         interrupted_after(m, 3)
         with pytest.raises(KeyboardInterrupt):
             cache.ensure_quantized(source, method="gptq", **SETTINGS)
-    work = next(p for p in cache.cache_root().iterdir() if p.name.startswith(".work-"))
+    work = next(p for p in cache.awq_root().iterdir() if p.name.startswith(".work-"))
     damaged = work / stream.layer_file(1)
     data = bytearray(damaged.read_bytes())
     data[-5] ^= 0xFF  # one flipped byte in a finished layer's tensors
@@ -125,18 +125,18 @@ def test_a_damaged_layer_file_is_not_trusted(source, reference, monkeypatch):
 
 def test_a_half_written_layer_is_redone(source, reference, monkeypatch):
     """Killed while a layer's file is being written: the state never named it, so that layer is done again."""
-    real = stream.save_atomic
+    real = stream.save_safetensors_atomic
     calls = []
 
-    def dies_writing_layer_2(tensors_, path):
+    def dies_writing_layer_2(path, tensors_):
         if path.name == stream.layer_file(2) and not calls:
             calls.append(path)
             path.with_name(f".{path.name}.part").write_bytes(b"half a file")
             raise KeyboardInterrupt
-        return real(tensors_, path)
+        return real(path, tensors_)
 
     with monkeypatch.context() as m:
-        m.setattr(stream, "save_atomic", dies_writing_layer_2)
+        m.setattr(stream, "save_safetensors_atomic", dies_writing_layer_2)
         with pytest.raises(KeyboardInterrupt):
             cache.ensure_quantized(source, method="gptq", **SETTINGS)
     read = layers_read(monkeypatch)
@@ -151,7 +151,7 @@ def test_a_state_for_other_settings_is_not_resumed(source, monkeypatch):
         interrupted_after(m, 2)
         with pytest.raises(KeyboardInterrupt):
             cache.ensure_quantized(source, method="gptq", **SETTINGS)
-    work = next(p for p in cache.cache_root().iterdir() if p.name.startswith(".work-"))
+    work = next(p for p in cache.awq_root().iterdir() if p.name.startswith(".work-"))
     state = json.loads((work / "state.json").read_text())
     state["key"]["settings"]["seq_len"] = 24  # as if written by a build of other settings
     (work / "state.json").write_text(json.dumps(state))

@@ -12,7 +12,7 @@ from awq_tiny import outlier_model, write_hf_dir
 from safetensors import safe_open
 
 from parley.models import loading
-from parley.models.quantize import cache, stream
+from parley.models.quantize import cache, methods, stream
 from parley.models.quantize.awq import awq_quantize
 from parley.models.quantize.calibration import load_calibration
 from parley.models.resolve import resolve
@@ -55,7 +55,7 @@ def test_streamed_folder_equals_the_whole_model_quantization(source, tier, monke
     # The reference: the whole fp model, quantized in place by the same settings on the same calibration.
     monkeypatch.undo()
     model = loading.load_model(source)
-    settings = cache.tier_settings(tier, 32, torch.device("cpu"))
+    settings = methods.tier_settings(tier, 32, torch.device("cpu"))
     tok = load_tokenizer(source)
     calibration = load_calibration(tok.encode, 4, 32, "builtin")
     report = awq_quantize(model, calibration.tokens, settings)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from parley.models.quantize.cache import cache_root
+from parley.cache_files import cache_root
 
 VARIABLES = ("PARLEY_DATA_DIR", "PARLEY_CACHE_DIR", "PARLEY_CONFIG_DIR")
 

@@ -79,16 +79,24 @@ def _post(body: bytes, *, length: int | None = None, key: str | None = KEY, path
             + ("Connection: close\r\n" if close else "") + "\r\n").encode() + body
 
 
+def _final(answer: bytes) -> bytes:
+    """The answer past any interim 1xx responses, which every HTTP/1.1 client skips (`parley serve` sends a
+    `100 Continue` to probe a client that half-closed its socket)."""
+    while answer.startswith(b"HTTP/1.1 1") and b"\r\n\r\n" in answer:
+        answer = answer.partition(b"\r\n\r\n")[2]
+    return answer
+
+
 def _status(answer: bytes) -> int:
     try:
-        return int(answer.split(b"\r\n", 1)[0].split()[1])
+        return int(_final(answer).split(b"\r\n", 1)[0].split()[1])
     except (IndexError, ValueError):
         return 0
 
 
 def _bad_body(answer: bytes) -> str | None:
     """Why an error body leaks or is malformed, else None."""
-    body = answer.partition(b"\r\n\r\n")[2]
+    body = _final(answer).partition(b"\r\n\r\n")[2]
     try:
         message = json.loads(body)["error"]["message"]
     except (ValueError, KeyError, TypeError):

@@ -127,8 +127,9 @@ def run(args: argparse.Namespace) -> int:
 
     from ...engine.engine import Engine
     from ...models.quantize.awq import rtn_quantize
-    from ...models.quantize.cache import applied_method, ensure_quantized
+    from ...models.quantize.cache import ensure_quantized
     from ...models.quantize.int4_linear import bits_per_weight
+    from ...models.quantize.methods import applied_method
     from ...models.resolve import resolve
     from ..cli import print_progress
     from ..cli_quantize import _calib

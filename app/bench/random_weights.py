@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+
+from ...cache_files import cache_dir, replacing
 
 SEED = 0
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -49,9 +49,7 @@ def shape_config(shape: str):
 
 def root(shape: str) -> Path:
     """This shape's folder in the Parley cache: bf16/, int4-g128/, gguf/."""
-    from ...models.quantize.cache import cache_root
-
-    return cache_root().parent / "random" / f"{shape}-seed{SEED}"
+    return cache_dir("random") / f"{shape}-seed{SEED}"
 
 
 def _draw(name: str, shape: tuple[int, ...], std: float) -> torch.Tensor:
@@ -98,19 +96,16 @@ def _write_folder(out: Path, config_json: dict, shards: Iterator[tuple[str, dict
     """A sharded safetensors folder written shard by shard into a temporary folder renamed at the end."""
     from safetensors.torch import save_file
 
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    weight_map = {}
-    for file, tensors in shards:
-        save_file(tensors, str(tmp / file), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(tensors, file))
-    (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    (tmp / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
-    if tokenizer:
-        _tokenizer(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
+    with replacing(out) as tmp:
+        tmp.mkdir()
+        weight_map = {}
+        for file, tensors in shards:
+            save_file(tensors, str(tmp / file), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(tensors, file))
+        (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+        (tmp / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
+        if tokenizer:
+            _tokenizer(tmp)
     return out
 
 
@@ -183,22 +178,6 @@ def int4_folder(shape: str, group: int = 128, log: Callable[[str], None] = lambd
 
 # --- llama.cpp's files -----------------------------------------------------------------------------------
 
-_GGUF_BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-               "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-
-
-def gguf_name(name: str) -> str:
-    """llama.cpp's name for a checkpoint tensor (convert_hf_to_gguf's mapping)."""
-    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
-    if name in top:
-        return top[name]
-    _, _, i, rest = name.split(".", 3)
-    module, _, kind = rest.rpartition(".")
-    return f"blk.{i}.{_GGUF_BLOCK[module]}.{kind}"
-
-
 def permute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """convert_hf_to_gguf's `permute` of llama q/k rows (halves -> adjacent pairs); gguf_weights undoes it."""
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
@@ -207,17 +186,23 @@ def permute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 def write_gguf(src: Path, config, out: Path) -> Path:
     """A BF16 GGUF of the checkpoint `src`, streamed tensor by tensor, with a synthetic vocabulary of the model's
     size (llama-bench never reads text; llama.cpp needs one to load)."""
+    with replacing(out) as tmp:
+        _write_gguf(src, config, tmp)
+    return out
+
+
+def _write_gguf(src: Path, config, path: Path) -> None:
     import gguf
     import numpy as np
     from safetensors import safe_open
 
+    from ...models.gguf_weights import hf_to_gguf_name
     from ...models.resolve import weight_files
     from ...models.transformer import rope_frequencies
 
     files = [src / f for f in weight_files(src)]
     names = [(f, k) for f in files for k in safe_open(f, framework="pt").keys()]  # noqa: SIM118
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    w = gguf.GGUFWriter(str(tmp), config.arch)
+    w = gguf.GGUFWriter(str(path), config.arch)
     w.add_name(f"random {src.parent.name}")
     w.add_context_length(config.max_seq_len)
     w.add_embedding_length(config.dim)
@@ -237,6 +222,7 @@ def write_gguf(src: Path, config, out: Path) -> Path:
     w.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * (config.vocab_size - 3))
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    permuted = config.family.gguf_permuted_qk  # q/k rows as llama.cpp's converter writes them
     rope_freqs = None
     if config.rope_scaling:  # llama3 scaling as convert_hf_to_gguf stores it: per-frequency divisors
         from dataclasses import replace
@@ -250,7 +236,8 @@ def write_gguf(src: Path, config, out: Path) -> Path:
         shapes[k] = shape
         kind = gguf.GGMLQuantizationType.BF16 if len(shape) == 2 else gguf.GGMLQuantizationType.F32
         nbytes = int(np.prod(shape)) * (2 if len(shape) == 2 else 4)
-        w.add_tensor_info(gguf_name(k), shape if len(shape) == 2 else list(shape),
+        w.add_tensor_info(hf_to_gguf_name(k.removeprefix("model."), config.arch),
+                          shape if len(shape) == 2 else list(shape),
                           np.dtype(np.uint16 if len(shape) == 2 else np.float32), nbytes,
                           raw_dtype=kind if len(shape) == 2 else None)
     w.write_header_to_file()
@@ -262,16 +249,14 @@ def write_gguf(src: Path, config, out: Path) -> Path:
         with safe_open(f, framework="pt") as sf:
             for k in sf.keys():  # noqa: SIM118
                 t = sf.get_tensor(k)
-                if config.arch == "llama" and ".q_proj." in k:
+                if permuted and ".q_proj." in k:
                     t = permute_rotary(t, config.n_heads)
-                elif config.arch == "llama" and ".k_proj." in k:
+                elif permuted and ".k_proj." in k:
                     t = permute_rotary(t, config.n_kv_heads)
                 t = t.contiguous()
                 w.write_tensor_data(t.view(torch.int16).numpy().view(np.uint16) if t.dim() == 2
                                     else t.float().numpy())
     w.close()
-    os.replace(tmp, out)
-    return out
 
 
 def llama_cpp_files(shape: str, quantize: str, log: Callable[[str], None] = lambda s: None,
@@ -292,14 +277,16 @@ def llama_cpp_files(shape: str, quantize: str, log: Callable[[str], None] = lamb
         if path.is_file():
             continue
         log(f"llama-quantize {bf16.name} -> {path.name}")
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        try:
-            r = subprocess.run([quantize, str(bf16), str(tmp), kind, str(threads)], capture_output=True, text=True)
-        except OSError as e:
-            return {"error": f"{quantize}: {e}; build llama.cpp (../shared/peers/llama_cpp.sh build)"}
-        if r.returncode != 0 or not tmp.is_file():
-            return {"error": f"{quantize} {kind} failed (rc={r.returncode}): {(r.stderr or r.stdout).strip()[-300:]}"}
-        os.replace(tmp, path)
+        with replacing(path) as tmp:
+            try:
+                r = subprocess.run([quantize, str(bf16), str(tmp), kind, str(threads)], capture_output=True,
+                                   text=True)
+            except OSError as e:
+                return {"error": f"{quantize}: {e}; build llama.cpp (../shared/peers/llama_cpp.sh build)"}
+            if r.returncode != 0 or not tmp.is_file():
+                tmp.unlink(missing_ok=True)  # a failed run's output is not kept
+                return {"error": f"{quantize} {kind} failed (rc={r.returncode}): "
+                                 f"{(r.stderr or r.stdout).strip()[-300:]}"}
     bf16.unlink()  # 16 GB at 8B: only the quantized files are benched
     return want
 

@@ -20,9 +20,9 @@ RECENT_KEPT = 8
 def cached_models(root: Path | None = None) -> list[str]:
     """The models with a complete INT4 build in the cache (their manifest is written last)."""
     if root is None:
-        from parley.models.quantize.cache import cache_root
+        from parley.models.quantize.cache import awq_root
 
-        root = cache_root()
+        root = awq_root()
     found = []
     for manifest in sorted(root.glob("*/manifest.json")) if root.is_dir() else []:
         try:

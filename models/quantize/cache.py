@@ -6,6 +6,9 @@ sibling and `os.replace`d into place only when complete, and its `manifest.json`
 the source, settings, calibration, timing and every file's size and sha256 -- is verified before each
 use. A folder that does not verify (killed build, truncated or edited file, other settings) is never
 used: it is rebuilt, and the log says why.
+
+What each method runs and its name in the key are methods.py's; the cache root, hashing and the atomic writes
+are parley.cache_files'.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import re
 import shutil
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,24 +31,22 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from torch import Tensor
 
+from ...cache_files import CACHE_ENV, cache_dir, file_sha256, fsync_folder, replace_folder
 from ..errors import ModelLoadError
 from ..progress import Progress, ProgressFn
 from ..resolve import ModelFiles
 from . import hadamard
-from .awq import AWQSettings
 from .calibration import calibration_key, load_calibration
 from .checkpoint import is_awq, save_awq
-from .distill import DistillSettings
-from .tiers import CPU_CALIBRATION, TIERS, choose_tier
+from .methods import DISTILL_SAMPLES, calibration_size, fast_cpu_bf16, method_name, tier_settings
+from .tiers import TIERS, choose_tier
 
 log = logging.getLogger("parley.quantize")
 
-CACHE_ENV = "PARLEY_CACHE_DIR"
 # Bump when the algorithm or the folder format changes: older folders stop matching.
 # 3: the rotary frequencies of a GGUF's `rope_freqs` are stored in the folder.
-# 4: o_proj quantized under grouped-query attention too. 5: the method is part of the key (see first_run_method).
+# 4: o_proj quantized under grouped-query attention too. 5: the method is part of the key (methods.method_name).
 # The key stopped holding the source's `ref` (how it was named) after format 5: such a folder is rebuilt once.
 FORMAT_VERSION = 5
 MANIFEST = "manifest.json"
@@ -54,106 +54,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
                    "generation_config.json", "vocab.json", "merges.txt", "added_tokens.json")
 
 
-def cache_root() -> Path:
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        base = Path(env).expanduser()
-    else:
-        import platformdirs
-
-        base = Path(platformdirs.user_cache_dir("parley"))
-    return base / "awq"
-
-
-def default_calibration_size(device: torch.device) -> tuple[int, int]:
-    """(samples, tokens each): AWQ's 128 x 512 on an accelerator, 32 x 256 on a CPU (minutes, not an hour)."""
-    return (128, 512) if device.type == "cuda" else (32, 256)
-
-
-# The distillation (distill.py) draws from this many times AWQ's calibration sequences: on the embedded
-# model 64 x 256 tokens did better than 32 (docs/quantization.md); AWQ calibrates on every other one.
-DISTILL_SAMPLES = 2
-
-
-def evenly(tokens: Tensor, n: int) -> Tensor:
-    """n of the sequences [N, T], evenly spaced (AWQ's share of the distillation's calibration)."""
-    return tokens[torch.linspace(0, len(tokens) - 1, n).round().long()] if len(tokens) > n else tokens
-
-
-def first_run_settings(group_size: int, device: torch.device) -> AWQSettings:
-    """The quantization a first run ships: AWQ scales on a rotated residual stream, every linear clipped (q and
-    k too), rounded with GPTQ, scales refit, and down_proj also quantized on its input rotated at run time
-    (hadamard.py), which is why it gets no AWQ scale: measured with and without, over three seeds, unscaled
-    was better (docs/quantization.md, for what each step buys and what did not pay)."""
-    awq = AWQSettings(group_size=group_size, rotate=True, gptq=True, refit_scales=True, scale_down=False,
-                      clip_qk=True, hadamard_down=hadamard.BLOCK, distill=DistillSettings())
-    if device.type == "cuda":
-        awq.distill_dtype = torch.bfloat16  # the model is fp16 there; gradients want bf16's range
-    elif device.type == "cpu":  # minutes, not an hour: see AWQSettings for what these trade
-        # The distillation after it has the last word on every scale, so AWQ's own search can be coarse.
-        awq.search_samples, awq.alpha_grid = 4, 10
-        if fast_cpu_bf16():
-            awq.search_dtype = awq.distill_dtype = torch.bfloat16
-    return awq
-
-
-def method_name(awq: AWQSettings) -> str:
-    """What the cache key and manifest call the method: a folder built by another method is never reused."""
-    scaled = "awq" if awq.scale_down else "awq-no-down-scale"
-    steps = (["rotate"] * awq.rotate + [scaled if awq.awq_scales else "clip" if awq.clip else "rtn"]
-             + ["clip-qk"] * awq.clip_qk
-             + ["gptq-act-order" if awq.act_order else "gptq"] * awq.gptq)
-    steps += ["refit"] * awq.refit_scales + [f"hadamard-down{awq.hadamard_down}"] * bool(awq.hadamard_down)
-    steps += ["distill"] * bool(awq.distill)
-    return "+".join(steps)
-
-
-def tier_settings(tier: str, group_size: int, device: torch.device) -> AWQSettings:
-    """The AWQSettings of a tier (`TIERS`)."""
-    if tier not in TIERS:
-        raise ValueError(f"unknown quantization method {tier!r}; choose one of {', '.join(TIERS)} or auto")
-    awq = first_run_settings(group_size, device)
-    if tier == "full":
-        return awq
-    awq = dataclasses.replace(awq, distill=None)
-    cpu = device.type != "cuda"
-    if tier == "gptq" and cpu:  # the block-output search runs every alpha on this many sequences
-        awq = dataclasses.replace(awq, search_samples=2)
-    if tier in ("awq", "rtn"):
-        awq = dataclasses.replace(awq, gptq=False, refit_scales=False)
-    if tier == "awq" and cpu:  # a coarse search: one sequence, 5 alphas, 5 clipping ranges (each end)
-        awq = dataclasses.replace(awq, search_samples=1, alpha_grid=5, n_grid=10)
-    if tier == "rtn":
-        awq = dataclasses.replace(awq, awq_scales=False, clip=False, clip_qk=False)
-    return awq
-
-
-def calibration_size(tier: str, device: torch.device) -> tuple[int, int]:
-    return default_calibration_size(device) if device.type == "cuda" else CPU_CALIBRATION[tier]
-
-
-def applied_method(settings: dict[str, Any]) -> str:
-    """The method a folder's manifest says was applied: its key names the first-run method, whose rotation
-    is skipped for models that cannot be rotated (Gemma 3's sandwich norms; `rotated` false)."""
-    steps = str(settings.get("method", "awq")).split("+")
-    return "+".join(s for s in steps if s != "rotate" or settings.get("rotated", True))
-
-
-def fast_cpu_bf16() -> bool:
-    """Whether this CPU has native bf16 dot products (then bf16 matmuls are ~4x fp32 ones)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+def awq_root() -> Path:
+    """The folder of the quantized models: `awq/` in the Parley cache (cache_files.py)."""
+    return cache_dir("awq")
 
 
 def source_identity(files: ModelFiles) -> dict[str, Any]:
@@ -182,7 +85,7 @@ def folder_for(key: dict[str, Any]) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     src = key["source"]
     name = src.get("repo_id") or Path(src.get("path", "model")).stem
-    return cache_root() / f"{_slug(name)}-awq-g{key['settings']['group_size']}-{digest}"
+    return awq_root() / f"{_slug(name)}-awq-g{key['settings']['group_size']}-{digest}"
 
 
 def verify(folder: Path, key: dict[str, Any]) -> str | None:
@@ -268,7 +171,7 @@ def ensure_quantized(files: ModelFiles, *, group_size: int = 128, calib: str | l
     """
     from ..loading import load_config
 
-    clean_stale(cache_root())
+    clean_stale(awq_root())
     config = load_config(files)
     if files.kind == "dir" and is_awq(config.quantization):
         return files
@@ -443,12 +346,8 @@ def build(files: ModelFiles, key: dict[str, Any], folder: Path, calib: str | lis
                       for p in sorted(tmp.iterdir()) if p.is_file()},
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        _fsync_dir(tmp)
-        if folder.exists():  # an invalid build: move it aside, then put ours in its place
-            trash = folder.with_name(f".tmp-trash-{folder.name}.pid{os.getpid()}.{uuid.uuid4().hex[:8]}")
-            os.replace(folder, trash)
-            shutil.rmtree(trash, ignore_errors=True)
-        os.replace(tmp, folder)
+        fsync_folder(tmp)
+        replace_folder(tmp, folder)  # an invalid build there is moved aside first
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -461,18 +360,3 @@ def _group_note(requested: int, used: int) -> str:
     return (f"group size {requested} does not divide every layer's input size; {used} is used for all "
             "layers so the single quantization_config group_size describes the checkpoint")
 
-
-def _fsync_dir(folder: Path) -> None:
-    """Flush the files (and the folder entry) so a crash after the rename cannot leave empty files."""
-    for p in folder.iterdir():
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

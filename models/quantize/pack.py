@@ -38,10 +38,10 @@ def group_params(w: Tensor, group_size: int, max_abs: Bounds | None = None) -> t
     """
     out_f, in_f = w.shape
     g = w.float().reshape(out_f, in_f // group_size, group_size)
-    if max_abs is not None:
-        low, high = _low_high(max_abs)
-        g = torch.maximum(torch.minimum(g, high[..., None]), low[..., None])
     hi, lo = g.amax(-1), g.amin(-1)
+    if max_abs is not None:  # a clipped group's max is its max clamped to the range (clamping is monotone)
+        low, high = _low_high(max_abs)
+        hi, lo = hi.clamp(low.float(), high.float()), lo.clamp(low.float(), high.float())
     scales = ((hi - lo).clamp(min=1e-5) / MAX_INT).half().float()
     zeros = (-torch.round(lo / scales)).clamp(0, MAX_INT)
     return scales, zeros
@@ -63,11 +63,27 @@ def clip(w: Tensor, max_abs: Bounds | None, group_size: int) -> Tensor:
     return torch.maximum(torch.minimum(w, high), low)
 
 
+def _on_grid(w: Tensor, group_size: int, max_abs: Bounds | None) -> tuple[Tensor, Tensor, Tensor]:
+    """(q, scales, zeros): q [out, in/group, group] the integers as fp32, in one buffer worked in place.
+
+    The same arithmetic as group_params, clip and quantize_int (so the same values), without their
+    temporaries: the clipping searches call this tens of times a layer on whole weight matrices, where each
+    temporary is another pass over memory."""
+    out_f, in_f = w.shape
+    scales, zeros = group_params(w, group_size, max_abs)
+    t = w.float().reshape(out_f, in_f // group_size, group_size)
+    t = t.clone() if t.data_ptr() == w.data_ptr() else t
+    if max_abs is not None:  # clipped as `clip` does: in the weights' own dtype
+        low, high = _low_high(max_abs)
+        t.clamp_(low.to(w.dtype).float()[..., None], high.to(w.dtype).float()[..., None])
+    t.div_(scales[..., None]).round_().add_(zeros[..., None]).clamp_(0, MAX_INT)
+    return t, scales, zeros
+
+
 def fake_quantize(w: Tensor, group_size: int, max_abs: Bounds | None = None) -> Tensor:
     """w rounded to its INT4 grid and back, in w's dtype: what the quantized layer will compute with."""
-    scales, zeros = group_params(w, group_size, max_abs)
-    q = quantize_int(clip(w, max_abs, group_size), scales, zeros, group_size)
-    return dequantize_int(q, scales, zeros, group_size).to(w.dtype)
+    t, scales, zeros = _on_grid(w, group_size, max_abs)
+    return t.sub_(zeros[..., None]).mul_(scales[..., None]).reshape(w.shape).to(w.dtype)
 
 
 def dequantize_int(q: Tensor, scales: Tensor, zeros: Tensor, group_size: int) -> Tensor:
@@ -102,5 +118,5 @@ def quantize_weight(w: Tensor, group_size: int, max_abs: Bounds | None = None) -
     """A linear's weight [out, in] -> AutoAWQ GEMM tensors (qweight, qzeros, scales)."""
     if w.shape[1] % group_size:
         raise ValueError(f"input size {w.shape[1]} is not a multiple of the group size {group_size}")
-    scales, zeros = group_params(w, group_size, max_abs)
-    return pack_awq(quantize_int(clip(w, max_abs, group_size), scales, zeros, group_size), scales, zeros)
+    q, scales, zeros = _on_grid(w, group_size, max_abs)
+    return pack_awq(q.reshape(w.shape).to(torch.int32), scales, zeros)

@@ -12,8 +12,8 @@ all channels, and the model computes the same function in full precision because
 The result is an ordinary llama-shaped checkpoint: unit norm weights, and an output head of its own
 (E diag(w_final) Q is no longer the embedding, so a tied model is written untied).
 
-Only for pre-norm models whose norms are plain RMSNorm on the residual stream (`ROTATABLE_ARCHS`);
-Gemma's sandwich norms and (1 + w) weights are not, and keep their stream as it is.
+Only for pre-norm models whose norms are plain RMSNorm on the residual stream (the families marked `rotatable`
+in families.py); Gemma's sandwich norms and (1 + w) weights are not, and keep their stream as it is.
 """
 
 from __future__ import annotations
@@ -23,13 +23,11 @@ import math
 import torch
 from torch import Tensor, nn
 
-# Architectures whose every residual read goes through a plain RMSNorm (weight * x / rms) and whose
-# writes are o_proj / down_proj alone. qwen3's q/k norms act per head after the projections: unaffected.
-ROTATABLE_ARCHS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
-
 
 def rotatable(model: nn.Module) -> bool:
-    return model.config.arch in ROTATABLE_ARCHS
+    """Whether the model's family reads and writes its residual stream only through plain RMSNorms and
+    o_proj / down_proj (families.py), so a rotation folded into the weights is exact."""
+    return model.config.family.rotatable
 
 
 def _paley(q: int) -> Tensor:

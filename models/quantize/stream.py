@@ -7,8 +7,9 @@ rounded (awq.awq_layer), written to a file of its own in a work folder beside th
 calibration activations it hands on (the fp layer's outputs, which AutoAWQ feeds the next layer) are written
 with it, so the next start carries on from there.
 
-Nothing half-written is trusted: every file is written under a temporary name, flushed and renamed, and only
-then named in the work folder's `state.json` (itself replaced atomically) with its sha256, which a resumed
+Nothing half-written is trusted: every file is written under a temporary name, flushed and renamed
+(parley.cache_files), and only then named in the work folder's `state.json` (itself replaced atomically) with
+its sha256, which a resumed
 run checks before it uses the file. The finished folder is assembled from those files by the cache (cache.py),
 which renames it into place whole.
 
@@ -21,7 +22,6 @@ tier leaves it out (`tiers.py`).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from ...cache_files import file_sha256, save_safetensors_atomic, write_json_atomic
 from ..config import ModelConfig
 from ..errors import ModelLoadError
 from ..progress import Progress, ProgressFn
@@ -41,10 +41,9 @@ from ..resolve import ModelFiles, weight_files
 from ..transformer import Block, RMSNorm, Transformer, is_norm_weight
 from . import hadamard
 from .awq import AWQSettings, LayerRunner, awq_layer, model_group_size
-from .cache import file_sha256
 from .distill import Targets
 from .int4_linear import Int4Linear
-from .rotate import ROTATABLE_ARCHS, Rotation
+from .rotate import Rotation
 
 STATE = "state.json"
 WORK_FORMAT = 1
@@ -98,15 +97,11 @@ class WeightSource:
             raise ModelLoadError(f"{self.files.path}: tensor {name!r} missing; the checkpoint is incomplete, "
                                  "re-download it")
         if self.files.kind == "gguf":
-            from ..gguf_weights import _PERMUTED_ARCHS, dequantize, unpermute_rotary
+            from ..gguf_weights import dequantize, permuted_heads, unpermute_rotary
 
             t = dequantize(self.where[name], Path(self.files.path))
-            permuted = self.config.arch in _PERMUTED_ARCHS
-            if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
-                t = unpermute_rotary(t, self.config.n_heads)
-            elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
-                t = unpermute_rotary(t, self.config.n_kv_heads)
-            return t
+            heads = permuted_heads(name, self.config.arch, self.config.n_heads, self.config.n_kv_heads)
+            return unpermute_rotary(t, heads) if heads else t
         file, key = self.where[name]
         try:
             with safe_open(file, framework="pt") as f:
@@ -143,25 +138,6 @@ def read_block(src: WeightSource, config: ModelConfig, i: int, dtype: torch.dtyp
     return block.eval()
 
 
-def save_atomic(tensors: dict[str, Tensor], path: Path) -> str:
-    """Write a safetensors file under a temporary name, flush it, rename it into place; its sha256."""
-    tmp = path.with_name(f".{path.name}.part")
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return file_sha256(path)
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.part")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(data, indent=1) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def read_tensor(path: Path, name: str) -> Tensor:
     with safe_open(path, framework="pt") as f:
         return f.get_tensor(name)
@@ -183,7 +159,7 @@ class WorkState:
 
     def save(self, folder: Path) -> None:
         write_json_atomic(folder / STATE, {"format": WORK_FORMAT, "key": self.key, "files": self.files,
-                                            "layers_done": self.layers_done, "seconds": self.seconds})
+                                            "layers_done": self.layers_done, "seconds": self.seconds}, indent=1)
 
 
 def resume_state(folder: Path, key: dict[str, Any]) -> tuple[WorkState, str]:
@@ -251,21 +227,21 @@ def quantize_layers(files: ModelFiles, config: ModelConfig, key: dict[str, Any],
         progress(Progress("quantize", state.layers_done, config.n_layers, "layer",
                           f"resuming after layer {state.layers_done} of {config.n_layers}"))
     src = WeightSource(files, config)
-    rotate = awq.rotate and config.arch in ROTATABLE_ARCHS
+    rotate = awq.rotate and config.family.rotatable
     out_config = replace(config, tie_embeddings=config.tie_embeddings and not rotate)
     q = Rotation(config.dim, awq.rotation_seed) if rotate else None
     with torch.device("meta"):
         skeleton = Transformer(config)  # shapes only: the group size and LayerRunner's rotary tables
     group_size = model_group_size(skeleton, awq.group_size)
     skeleton.inv_freq = _inv_freq(src, config)
-    if hasattr(skeleton, "inv_freq_local"):
+    if config.local_rope:
         from ..transformer import rope_frequencies
 
         skeleton.inv_freq_local = rope_frequencies(config, local=True)
 
     if "top.safetensors" not in state.files:  # embedding, final norm and head: rotated, the norm folded in
-        state.files["top.safetensors"] = save_atomic(_top_tensors(src, config, q, skeleton.inv_freq),
-                                                     work / "top.safetensors")
+        state.files["top.safetensors"] = save_safetensors_atomic(work / "top.safetensors",
+                                                                 _top_tensors(src, config, q, skeleton.inv_freq))
         state.save(work)
     top = work / "top.safetensors"
 
@@ -310,10 +286,11 @@ def quantize_layers(files: ModelFiles, config: ModelConfig, key: dict[str, Any],
         tensors = {f"layers.{i}.{k}": v for k, v in block.state_dict().items()}
         if rotated_down is not None:
             tensors.update({f"rotated.layers.{i}.mlp.down_proj.{k}": v for k, v in rotated_down.state_dict().items()})
-        state.files[layer_file(i)] = save_atomic(tensors, work / layer_file(i))
+        state.files[layer_file(i)] = save_safetensors_atomic(work / layer_file(i), tensors)
         old_x = work / f"x-{state.layers_done:05d}.safetensors"
         if calibrated:
-            state.files[f"x-{i + 1:05d}.safetensors"] = save_atomic({"x": x}, work / f"x-{i + 1:05d}.safetensors")
+            state.files[f"x-{i + 1:05d}.safetensors"] = save_safetensors_atomic(work / f"x-{i + 1:05d}.safetensors",
+                                                                                {"x": x})
         state.files.pop(old_x.name, None)
         state.layers_done = i + 1
         times.append(time.monotonic() - t0)
