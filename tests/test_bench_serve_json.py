@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 def test_bench_serve_prints_one_json_object():
     out = subprocess.run(
         [sys.executable, "-m", "parley.app.cli", "bench", "serve", "--quant", "none", "--clients", "1,2",
-         "--tokens", "4", "--speculation", "off,auto", "--paste-tokens", "300", "--json"],
+         "--tokens", "4", "--speculation", "off,auto", "--paste-tokens", "300", "--timeout", "300", "--json"],
         capture_output=True, text=True, timeout=900,
     )
     assert out.returncode == 0, out.stderr[-2000:]

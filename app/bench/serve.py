@@ -17,12 +17,12 @@ import contextlib
 import http.client
 import json
 import os
-import socket
+import re
 import subprocess
 import sys
-import tempfile
 import threading
 import time
+from collections import deque
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated speculation modes to run each client count with (e.g. off,auto)")
     p.add_argument("--paste-tokens", type=int, default=1500,
                    help="the long paste sent beside three short chats (about this many tokens); 0 to skip")
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds a request may take")
+    p.add_argument("--timeout", type=float, default=1800.0,
+                   help="seconds the server may take to start (a first run quantizes), and a request to answer")
     add_json_argument(p)
 
 
@@ -136,42 +137,53 @@ def _r(x: float | None) -> float | None:
 
 
 class Server:
-    """`parley serve` in a subprocess on a free 127.0.0.1 port, with the model flags of `args`."""
+    """`parley serve` in a subprocess on 127.0.0.1 with the model flags of `args`, on a port it picks itself
+    (`--port 0`: no other process can take the port between a probe and the bind); its output is kept, and shown
+    when the bench fails."""
 
     def __init__(self, args: argparse.Namespace, parallel: int) -> None:
         self.args = args
         self.parallel = args.parallel or parallel
         self.timeout = args.timeout
         self.host = "127.0.0.1"
-        with socket.socket() as s:
-            s.bind((self.host, 0))
-            self.port = s.getsockname()[1]
+        self.port = 0
         self.model = ""
+        self.log: deque[str] = deque(maxlen=200)
 
     def __enter__(self) -> Server:
         from .. import cli
         from ..server.web import flags
 
         model_flags = flags(self.args, cli.add_model_arguments, skip=("parallel",))
-        self._log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "parley.app.cli", "serve", "--host", self.host, "--port", str(self.port),
+            [sys.executable, "-m", "parley.app.cli", "serve", "--host", self.host, "--port", "0",
              "--parallel", str(self.parallel), "--queue-size", str(4 * self.parallel), *model_flags],
-            stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log)
-        deadline = time.monotonic() + 1800
-        while True:
-            if self.proc.poll() is not None:
-                self._log.seek(0)
-                raise ValueError(f"parley serve exited with {self.proc.returncode}:\n"
-                                 + self._log.read().decode(errors="replace")[-2000:])
-            try:
-                models = self.get("/v1/models")
-                self.model = models["data"][0]["id"]
-                return self
-            except (OSError, ValueError, KeyError):
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+            env={k: v for k, v in os.environ.items() if k != "PARLEY_API_KEY"})  # its own server: no key asked
+        listening = threading.Event()
+        url = re.compile(r" on http://127\.0\.0\.1:(\d+)/v1 ")
+
+        def read() -> None:  # drains the server's output all along, so it never blocks on a full pipe
+            for line in self.proc.stdout:
+                self.log.append(line.rstrip("\n"))
+                if not listening.is_set() and (m := url.search(line)):
+                    self.port = int(m.group(1))
+                    listening.set()
+
+        self._reader = threading.Thread(target=read, daemon=True)
+        self._reader.start()
+        deadline = time.monotonic() + self.timeout
+        try:
+            while not listening.wait(0.2):
+                if self.proc.poll() is not None:
+                    raise ValueError(f"parley serve exited with {self.proc.returncode}")
                 if time.monotonic() > deadline:
-                    raise ValueError("parley serve did not answer within 30 minutes") from None
-                time.sleep(0.2)
+                    raise ValueError(f"parley serve did not listen within --timeout {self.timeout:g} s")
+            self.model = self.get("/v1/models")["data"][0]["id"]
+        except BaseException:
+            self.__exit__(*sys.exc_info())
+            raise
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.proc.terminate()
@@ -180,7 +192,9 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        self._log.close()
+        self._reader.join(timeout=5)
+        if exc and exc[0] is not None:  # the bench failed: what the server said
+            print("parley serve's last lines:\n  " + "\n  ".join(self.log), file=sys.stderr)
 
     def get(self, path: str) -> dict[str, Any]:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
