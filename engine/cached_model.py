@@ -107,7 +107,9 @@ class CachedModel:
         rows `wanted` on."""
         start = len(self.ids)
         end = start + len(tokens)
-        last_only = wanted >= len(tokens) - 1
+        # a prefill chunk wants its last row at most; a 1-token pass wanting its row is a decode step (graphed,
+        # tuned), not a chunk
+        last_only = wanted >= max(1, len(tokens) - 1)
         ids = torch.tensor([tokens], device=self.device)
         pos = torch.arange(start, end, device=self.device)[None]
         model = self.bulk if last_only else self.step
