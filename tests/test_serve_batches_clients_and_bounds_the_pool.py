@@ -14,6 +14,7 @@ import threading
 import pytest
 from serve_support import poll, real_engine, running_server
 
+from parley.engine import scheduler
 from parley.engine.events import TextDelta, consume
 from parley.engine.params import GenerationParams
 from parley.engine.remote import RemoteEngine
@@ -85,7 +86,11 @@ def test_two_run_one_waits_the_next_is_refused_and_a_dropped_client_frees_its_sl
         assert server.engine.pool.busy == 0
 
 
-def test_two_remote_sessions_stream_at_once_each_its_own_reply():
+def test_two_remote_sessions_stream_at_once_each_its_own_reply(monkeypatch):
+    # Every pass waits for both handlers to take their events (they do at once; the clients' sockets hold the
+    # rest): with the default 20 ms grace, a handler descheduled on a busy machine would make tab A sit out tab B's
+    # last pass, and B would be told batch 1.
+    monkeypatch.setattr(scheduler, "GRACE_S", 300.0)
     engine = real_engine().fresh(parallel=2)
     params = GenerationParams(temperature=0, max_new_tokens=12, speculation="off")
     alone = consume(engine.session().reply(SHORT, params)).text
