@@ -222,6 +222,10 @@ class EngineQueue:
 
 class ParleyServer(ThreadingHTTPServer):
     daemon_threads = True
+    # The listen backlog: clients that connect in a burst (several tabs or scripts at once) wait in the kernel's
+    # queue until accepted; past socketserver's default of 5, a busy accept loop let the kernel drop their
+    # handshakes, which clients retry only after a second.
+    request_queue_size = MAX_CONNECTIONS
 
     def __init__(self, address: tuple[str, int], engine: Any, *, api_key: str | None, queue_size: int,
                  log: Callable[[str], None] | None, timeout: float = SOCKET_TIMEOUT_S,
