@@ -20,6 +20,7 @@ BENCHES = {
     "kernels": "bench.kernels",
     "passes": "bench.passes",
     "quality": "bench.quality",
+    "serve": "bench.serve",
     "speculative": "bench.speculative",
 }
 
@@ -56,6 +57,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="a Jinja chat template to use instead of the model's own (or its family's default)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (also PARLEY_THREADS); default: all cores, fewer while the machine is busy")
+    p.add_argument("--parallel", type=int, default=None, metavar="N",
+                   help="replies decoded together, each in its own KV slot of a whole context window (also "
+                        "PARLEY_PARALLEL); more wait for a slot; default: what a quarter of the free memory holds, "
+                        "1 to 8")
 
 
 # Sampling flags: (name, type, default, help). Defaults are applied by `params_from_args`, so the chat

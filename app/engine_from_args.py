@@ -28,6 +28,7 @@ def engine_from_args(args: argparse.Namespace, *, progress=None, **overrides: An
         "compile": getattr(args, "compile", None),
         "kv_cache": getattr(args, "kv_cache", None),  # auto / None: PARLEY_KV_CACHE, else the device's default
         "threads": getattr(args, "threads", None),
+        "parallel": getattr(args, "parallel", None),
         "chat_template": getattr(args, "chat_template", None),
         "progress": progress,
     }
@@ -38,7 +39,7 @@ def engine_from_args(args: argparse.Namespace, *, progress=None, **overrides: An
 def connect_remote(args: argparse.Namespace, progress=None):
     """The remote backend from the flags; ValueError (printed as `parley: error: ...`) says what to fix."""
     from ..engine.remote import RemoteEngine, insecure_warning
-    from .server.api import api_key as read_key
+    from .server.keys import api_key as read_key
 
     api_key = read_key(args, env=("PARLEY_API_KEY", "OPENAI_API_KEY"))
     warning = insecure_warning(args.server)

@@ -70,6 +70,7 @@ class CachedModel:
         self.ids: list[int] = []
         self._fed: list[int] = []  # the last forward's tokens, whose KV sits uncommitted after `ids`
         self._tree: list[int] = []  # the last tree pass's parents
+        self.drafters: dict[int, tuple[object, object]] = {}  # session.own_drafter: drafters indexing these ids
 
     @property
     def max_len(self) -> int:
@@ -84,14 +85,31 @@ class CachedModel:
             return "graphed"
         return "compiled" if self.step is not self.model else "torch"
 
-    @torch.inference_mode()
     def forward(self, tokens: list[int], last_only: bool = False) -> Tensor:
         """Logits [T, V] (the last row only with `last_only`) for `tokens` placed right after `ids`;
         their KV is written but not claimed until `commit`."""
+        return forward_batch([(self, tokens, None, len(tokens) - 1 if last_only else 0)])[0]
+
+    @property
+    def trees(self) -> bool:
+        """Whether `forward_tree` runs here (the native step; elsewhere drafters propose chains)."""
+        return self.native is not None and hasattr(self.native, "tree")
+
+    def forward_tree(self, tokens: list[int], parents: list[int]) -> Tensor:
+        """Logits [N, V] for a tree of tokens after `ids` (tokens[0] the root, parents[m] < m the node that
+        tokens[m] follows); node m's KV is written at slot len(ids) + m until `commit_path` moves the kept
+        path's into place. Each row equals, bitwise, the linear pass over the path to its node."""
+        assert self.native is not None
+        return forward_batch([(self, tokens, parents, 0)])[0]
+
+    def _single(self, tokens: list[int], wanted: int) -> Tensor:
+        """One pass of this model alone (the PyTorch path, and a native step without `batch`): the logits of
+        rows `wanted` on."""
         start = len(self.ids)
         end = start + len(tokens)
-        if end > self.max_len:
-            raise ValueError(f"{end} positions exceed the context window of {self.max_len}")
+        # a prefill chunk wants its last row at most; a 1-token pass wanting its row is a decode step (graphed,
+        # tuned), not a chunk
+        last_only = wanted >= max(1, len(tokens) - 1)
         ids = torch.tensor([tokens], device=self.device)
         pos = torch.arange(start, end, device=self.device)[None]
         model = self.bulk if last_only else self.step
@@ -107,32 +125,9 @@ class CachedModel:
             t = time.perf_counter()
             logits = model(ids, pos, self.cache, last_only, window)[0]
             self.tuner.after_step(n, time.perf_counter() - t, len(tokens))
-        self._fed, self._tree = list(tokens), []
-        return logits
-
-    @property
-    def trees(self) -> bool:
-        """Whether `forward_tree` runs here (the native step; elsewhere drafters propose chains)."""
-        return self.native is not None and hasattr(self.native, "tree")
-
-    @torch.inference_mode()
-    def forward_tree(self, tokens: list[int], parents: list[int]) -> Tensor:
-        """Logits [N, V] for a tree of tokens after `ids` (tokens[0] the root, parents[m] < m the node that
-        tokens[m] follows); node m's KV is written at slot len(ids) + m until `commit_path` moves the kept
-        path's into place. Each row equals, bitwise, the linear pass over the path to its node."""
-        start = len(self.ids)
-        if start + len(tokens) > self.max_len:
-            raise ValueError(f"{start + len(tokens)} positions exceed the context window of {self.max_len}")
-        assert self.native is not None
-        if self.tuner is not None:
-            n = self.tuner.before_step()
-            t = time.perf_counter()
-            logits = self.native.tree(tokens, parents, start, self.cache)
-            self.tuner.after_step(n, time.perf_counter() - t, len(tokens))
-        else:
-            logits = self.native.tree(tokens, parents, start, self.cache)
-        self._fed, self._tree = list(tokens), list(parents)
-        return logits
+        if last_only:
+            return logits[len(logits) - (len(tokens) - wanted):]
+        return logits[wanted:]
 
     def commit_path(self, nodes: list[int]) -> None:
         """Claim the KV of a path of the last tree (nodes[0] = 0, each the next one's parent): its slots are
@@ -192,6 +187,66 @@ class CachedModel:
         for i in range(reused, len(ids), PREFILL_CHUNK):
             yield i
             chunk = ids[i : i + PREFILL_CHUNK]
-            self.forward(chunk, last_only=True)
+            forward_batch([(self, chunk, None, len(chunk))])  # no logits: only the chunk's KV is wanted
             self.commit(len(chunk))
         return reused
+
+
+def tree_depths(parents: list[int]) -> list[int]:
+    """Each node's depth in a tree given by its parents (parents[0] = -1, parents[m] < m)."""
+    depth = [0] * len(parents)
+    for m in range(1, len(parents)):
+        depth[m] = depth[parents[m]] + 1
+    return depth
+
+
+Part = tuple[CachedModel, list[int], "list[int] | None", int]  # model, tokens, tree parents or None, first row wanted
+
+
+@torch.inference_mode()
+def forward_batch(parts: list[Part]) -> list[Tensor]:
+    """One pass over several sequences, each (model, tokens, parents, wanted): its tokens go right after what its
+    cache holds (a chain, or a tree by `parents` as in `forward_tree`), their KV written but not claimed until
+    `commit` (or `commit_path`); returns per part the logits of its rows from `wanted` on (a prefill chunk wants
+    none: `wanted` = len(tokens)).
+
+    On the native step every part shares one call (the products read the weights once for all rows; each row
+    attends its own cache), and each part's logits are bitwise those of its pass alone. The PyTorch path runs the
+    parts one after another, each as it would run alone (its kernels are not batch invariant across pass shapes,
+    so a part's logits match its solo run only where the pass has the same shape)."""
+    for model, tokens, parents, wanted in parts:
+        end = len(model.ids) + len(tokens)
+        if end > model.max_len:
+            raise ValueError(f"{end} positions exceed the context window of {model.max_len}")
+        if not tokens or not 0 <= wanted <= len(tokens):
+            raise ValueError(f"a pass of {len(tokens)} tokens cannot return logits from row {wanted}")
+        if parents is not None and (len(parents) != len(tokens) or model.native is None):
+            raise ValueError("a tree pass needs the native step and one parent per token")
+    native = parts[0][0].native
+    if native is not None and hasattr(native, "batch") and all(p[0].native is native for p in parts):
+        out = _native_pass(native, parts)
+    else:
+        out = [model._single(tokens, wanted) for model, tokens, _, wanted in parts]
+    for model, tokens, parents, _ in parts:
+        model._fed, model._tree = list(tokens), list(parents or [])
+    return out
+
+
+def _native_pass(native, parts: list[Part]) -> list[Tensor]:
+    rows = sum(len(p[1]) for p in parts)
+    args = []
+    for model, tokens, parents, wanted in parts:
+        start = len(model.ids)
+        positions = [start + d for d in tree_depths(parents)] if parents else list(range(start, start + len(tokens)))
+        args.append((model.cache, tokens, positions, parents, wanted))
+    tuner = parts[0][0].tuner
+    decoding = rows <= 32 and any(w < len(t) for _, t, _, w in parts)
+    if tuner is None or not decoding:
+        if tuner is not None:
+            tuner.bulk()
+        return native.batch(args)
+    n = tuner.before_step()  # decode and verification: time the step, so the thread count follows a busy machine
+    t = time.perf_counter()
+    out = native.batch(args)
+    tuner.after_step(n, time.perf_counter() - t, rows)
+    return out

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -14,7 +11,9 @@ from torch import Tensor
 from ..models.progress import ProgressFn
 from ..models.transformer import KV_CACHE_TYPES, Transformer
 from .cached_model import CachedModel, Step
+from .kv_pool import KVPool, default_slots, parse_slots
 from .protocol import Capabilities
+from .scheduler import Scheduler
 from .session import Session
 from .speculation_pay import PassCost
 from .speculative import Drafter, PromptLookup, SuffixMatch
@@ -42,10 +41,11 @@ def default_device() -> torch.device:
 
 
 class Engine:
-    """Holds the target (a `CachedModel`: every reply starts from the longest prefix of its cache that
-    the prompt shares) and the drafters, and runs one reply at a time (`turn`).
+    """Holds the target model, its pool of KV slots (`KVPool`: a slot per running reply, each reply starting from
+    the longest prefix its prompt shares with a free slot) and the scheduler that runs every running reply's next
+    tokens in one pass (`Scheduler`), and the drafters.
 
-    Engine-level choices (the KV cache type) are made here, between replies; the live GenerationParams a
+    Engine-level choices (the KV cache type) are made here, when no reply runs; the live GenerationParams a
     reply reads carry sampling only.
     """
 
@@ -54,8 +54,10 @@ class Engine:
 
     def __init__(self, model: Transformer, tokenizer, *, name: str = "model", quantization: str = "none",
                  context_window: int | None = None, draft: Drafter | None = None, compile: bool = False,
-                 kv_cache: str | None = None, native: Step | None = None) -> None:
-        """`model` as `prepare_for_device` left it, with the native step it returned (if any)."""
+                 kv_cache: str | None = None, native: Step | None = None, parallel: int | None = None) -> None:
+        """`model` as `prepare_for_device` left it, with the native step it returned (if any). `parallel`: how many
+        replies run at once (KV slots of a whole window each); None: PARLEY_PARALLEL, else what a quarter of
+        the available memory holds, 1 to 8."""
         self.model = model.eval()
         self.native = native
         self.tokenizer = tokenizer
@@ -64,24 +66,40 @@ class Engine:
         self.context_window = min(context_window or 8192, model.config.max_seq_len)
         self.kv_cache = resolve_kv_cache(kv_cache, native is not None)
         self._kv_wanted = self.kv_cache  # set_kv_cache's choice, applied when no reply runs
-        self._turn = threading.Lock()
-        self.target = CachedModel(model, self.context_window, compile=compile, kv_cache=self.kv_cache,
-                                  native=native)
+        self._compile = compile
+        self.tuner = shared_tuner()
+        slot_bytes = model.new_cache(1, kind=self.kv_cache).bytes_per_position() * self.context_window
+        self.pool = KVPool(self._new_slot, parse_slots(parallel) if parallel is not None else default_slots(slot_bytes))
+        self.scheduler = Scheduler(self.pool, lambda: self.pass_cost)
         self.prompt_lookup = PromptLookup()
         self.suffix_match = SuffixMatch()
         # several candidates per pass where the target runs tree passes: up to 3 per node, 2 nodes per token of
         # depth, down to a running probability of 0.1 (the pass-cost model then keeps those that pay)
         self.suffix_tree = SuffixMatch(width=3, nodes=2.0, min_score=0.1)
-        self.pass_cost = PassCost()  # what a round costs by pass length, measured as replies run
-        self.target.tuner = shared_tuner()
+        self.pass_cost = PassCost()  # what a pass costs by its rows, measured as replies run
         self.draft = draft
 
+    def _new_slot(self) -> CachedModel:
+        slot = CachedModel(self.model, self.context_window, compile=self._compile, kv_cache=self.kv_cache,
+                           native=self.native)
+        slot.tuner = self.tuner
+        return slot
+
+    @property
+    def target(self) -> CachedModel:
+        """The slot of the latest reply (the first slot before any): what the benches' verbs act on."""
+        return self.pool.first()
+
+    @property
+    def parallel(self) -> int:
+        """How many replies run at once (the KV pool's slots)."""
+        return self.pool.size
     @classmethod
     def load(cls, model_ref: str | None = None, *, quant: str = "awq", draft: str | None = None,
              progress: ProgressFn | None = None, device: str | None = None,
              context_window: int | None = None, group_size: int = 128, compile: bool | None = None,
              kv_cache: str | None = None, threads: int | None = None, native: bool = True,
-             chat_template: str | None = None) -> Engine:
+             chat_template: str | None = None, parallel: int | None = None) -> Engine:
         """Resolve, (quantize on first use,) and load a model; `draft` is a second model ref; `chat_template`
         a Jinja file used instead of the model's own template.
         `native=False` keeps the PyTorch path on the CPU (what `bench decode --path torch` measures)."""
@@ -141,17 +159,18 @@ class Engine:
         engine = cls(model, tokenizer, name=name, quantization=quantization,
                      context_window=context_window or int(os.environ.get("PARLEY_CONTEXT", 0)) or None,
                      draft=drafter, compile=compile if compile is not None else os.environ.get("PARLEY_COMPILE") == "1",
-                     kv_cache=kv_cache, native=step)
+                     kv_cache=kv_cache, native=step, parallel=parallel)
         from ..models.sampling_defaults import sampling_defaults
 
         engine.sampling_defaults = sampling_defaults(source, name)
         return engine
 
-    def fresh(self, *, context_window: int | None = None, draft: Drafter | None = None) -> Engine:
-        """An engine over the same weights (and native step) with a cache of its own, empty."""
+    def fresh(self, *, context_window: int | None = None, draft: Drafter | None = None,
+              parallel: int | None = None) -> Engine:
+        """An engine over the same weights (and native step) with a pool of its own, empty."""
         engine = Engine(self.model, self.tokenizer, name=self.model_name, quantization=self.quantization,
                         context_window=context_window or self.context_window, draft=draft, kv_cache=self.kv_cache,
-                        native=self.native)
+                        native=self.native, parallel=parallel or self.parallel)
         engine.sampling_defaults = self.sampling_defaults
         return engine
 
@@ -165,28 +184,18 @@ class Engine:
         return self.target.step_kind
 
     def set_kv_cache(self, kind: str | None) -> None:
-        """Store the target's KV cache as `kind` (`auto`: PARLEY_KV_CACHE, else this device's default) from
-        the next reply on; the context is re-read once. The one place the cache type is set: the flag and
-        the variable (at load) and the panel all come here. Safe mid-reply: applied when it ends."""
+        """Store the KV caches as `kind` (`auto`: PARLEY_KV_CACHE, else this device's default) from the next
+        reply on; the context is re-read once. The one place the cache type is set: the flag and the variable
+        (at load) and the panel all come here. Safe mid-reply: applied once no reply runs (replies that arrive
+        meanwhile wait for that moment)."""
         self._kv_wanted = resolve_kv_cache(kind, self.native is not None)
-        if self._turn.acquire(blocking=False):
-            try:
-                self._apply_choices()
-            finally:
-                self._turn.release()
+        self.scheduler.when_idle(self._apply_choices)
 
     def _apply_choices(self) -> None:
         if self._kv_wanted != self.kv_cache:
-            self.target.set_kv_cache(self._kv_wanted)
             self.kv_cache = self._kv_wanted
-
-    @contextmanager
-    def turn(self) -> Iterator[None]:
-        """Hold the engine for one reply: replies wait for the one in flight (a cancelled one winds down
-        at its next round), and choices made meanwhile apply before the next starts."""
-        with self._turn:
-            self._apply_choices()
-            yield
+            for slot in self.pool.slots:
+                slot.set_kv_cache(self.kv_cache)
 
     def session(self, system_prompt: str | None = None) -> Session:
         return Session(self, system_prompt)
@@ -205,8 +214,9 @@ class Engine:
         return self.prompt_lookup if mode == "prompt-lookup" else self.suffix_match
 
     def reset_cache(self) -> None:
-        """Forget every cached token (the target's and the draft model's)."""
-        self.target.rollback(0)
+        """Forget every cached token (every slot's and the draft model's); between replies."""
+        for slot in self.pool.slots:
+            slot.rollback(0)
         if hasattr(self.draft, "reset"):
             self.draft.reset()
 

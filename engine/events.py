@@ -29,6 +29,7 @@ class Stats:
     speculation_note: str = ""  # "" normally; in plain words why `auto` turned speculation off
     kv_cache: str = ""  # the KV cache storage the reply ran on: fp | bf16 | int8 | k8v4
     step: str = ""  # what the target's passes ran on: native | torch | compiled | graphed
+    batch: int = 1  # sequences (replies) that shared the latest pass: more than 1 while others use the engine
 
     @property
     def acceptance_rate(self) -> float:

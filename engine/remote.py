@@ -387,6 +387,7 @@ class _Segment:
         self.chunks = 0
         self.usage: dict[str, Any] = {}
         self.timings: dict[str, Any] = {}
+        self.batch = 0  # parley serve: replies sharing the engine's passes, as it last said (0: not said)
 
     def read(self, chunk: Any, path: str) -> tuple[str, str | None]:
         """(text, finish reason) of one chunk; ValueError naming the first field of the wrong type."""
@@ -395,6 +396,9 @@ class _Segment:
             self.usage = _expect(chunk["usage"], dict, "usage")
         if chunk.get("timings"):  # llama-server
             self.timings = _expect(chunk["timings"], dict, "timings")
+        extra = chunk.get("parley")  # parley serve's own figures mid-stream
+        if isinstance(extra, dict) and isinstance(extra.get("batch"), int) and 0 < extra["batch"] <= 1 << 16:
+            self.batch = extra["batch"]
         piece, reason = "", None
         for choice in _expect(chunk.get("choices") or [], list, "choices"):
             _expect(choice, dict, "a choice")
@@ -423,11 +427,13 @@ class _Figures(ReplyStats):
         self.done_tokens = 0  # of closed segments
         self.passes = 0.0  # estimated from the server's tokens per target pass, when it reports one
         self.kv_cache = self.step = ""  # what a Parley server says its reply ran on
+        self.batch = 1  # replies sharing the server's passes, as it said last
 
     def token(self, segment: _Segment) -> None:
         if self.t_first is None:
             self.t_first = time.perf_counter()
         self.new_tokens = self.done_tokens + segment.tokens
+        self.batch = segment.batch or self.batch
 
     def close(self, segment: _Segment) -> None:
         self.done_tokens += segment.tokens
@@ -446,6 +452,8 @@ class _Figures(ReplyStats):
             self.proposed += _count(spec.get("proposed"))
             self.drafter = str(spec.get("drafter", ""))[:80]
             self.kv_cache, self.step = str(spec.get("kv_cache", ""))[:16], str(spec.get("step", ""))[:16]
+            batch = spec.get("batch")
+            self.batch = batch if isinstance(batch, int) and 0 < batch <= 1 << 16 else self.batch
             rate = spec.get("tokens_per_target_pass")
             rate = float(rate) if isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0 else 0
             self.passes += segment.tokens / rate if rate else 0
@@ -460,7 +468,8 @@ class _Figures(ReplyStats):
         s = super().stats()
         n = self.new_tokens
         return replace(s, tokens_per_target_pass=s.tokens_per_target_pass or (1.0 if n else 0.0),
-                       context_tokens=s.context_tokens or n, kv_cache=self.kv_cache, step=self.step)
+                       context_tokens=s.context_tokens or n, kv_cache=self.kv_cache, step=self.step,
+                       batch=self.batch)
 
 
 def sse_lines(chunks: Iterable[bytes], max_line: int = MAX_LINE) -> Iterator[str]:

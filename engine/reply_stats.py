@@ -21,6 +21,7 @@ class ReplyStats:
         self.new_tokens = self.accepted = self.proposed = self.passes = 0
         self.drafter = ""
         self.speculation_note = ""
+        self.batch = 1  # sequences that shared the latest pass
 
     def round(self, proposed: int, shown: int, accepted: int) -> None:
         """One target pass: `proposed` drafted, `shown` tokens shown, the first `accepted` of them drafts."""
@@ -56,4 +57,5 @@ class ReplyStats:
             context_window=self.context_window,
             drafter=self.drafter,
             speculation_note=self.speculation_note,
+            batch=self.batch,
         )

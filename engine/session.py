@@ -1,32 +1,31 @@
 """A conversation's reply loop: prefix reuse, chunked prefill, then rounds of propose -> forward ->
-verify -> commit."""
+verify -> commit, driven by the engine's scheduler (engine/scheduler.py) beside every other running reply."""
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..models.chat_template import RenderCancelled
-from . import sampling
-from .cached_model import PREFILL_CHUNK
+from . import sampling, scheduler
+from .cached_model import PREFILL_CHUNK, CachedModel
 from .events import Done, Event, Notice, Prefill, Stats, TextDelta
 from .params import GenerationParams, checked
+from .prefix import common_prefix
 from .reply_stats import ReplyStats
+from .scheduler import SHARED_CHUNK, SYNC, Chunk, Guesses, Job, Reply, ReplyStream, Rows
 from .speculation_pay import PayCheck, best_length
 from .speculative import AdaptiveDraftLength, Proposal, depth_first, verify, verify_tree
 
 if TYPE_CHECKING:
     from .engine import Engine
 
-round_clock = time.perf_counter  # times each round for `auto` (a module name, so a test can drive it)
-
-
 class Session:
-    """One conversation. Its KV state lives in the engine's target (one reply at a time), which keeps
-    the longest prefix any prompt shares with what it holds.
+    """One conversation. Its KV state lives in a slot of the engine's pool: each reply takes the free slot
+    sharing the longest prefix with its prompt (its own conversation's, when free), so a follow-up turn only
+    prefills what is new.
 
     A conversation longer than the window leaves out its oldest turns in one block, down to half the
     window, and goes on leaving out the same turns: the prompt's start stays put, so later turns keep
@@ -45,42 +44,61 @@ class Session:
 
         `params` is read and validated again at the start of every round, so a change applies to the
         next tokens (an invalid one is reported by a Notice and the round keeps the last valid values).
-        On cancellation the engine's cache holds exactly the prompt and the tokens already shown.
+        Replies of several sessions run at the same time, each in its own slot; past the pool's size a reply
+        waits for a slot. On cancellation its slot holds exactly the prompt and the tokens already shown.
         """
-        with self.engine.turn():  # one reply at a time: a second waits here for the first to end
-            try:
-                yield from self._reply(messages, params, cancel or threading.Event())
-            except Exception as e:  # the engine must stay usable after anything a reply hits
-                self.engine.reset_cache()
-                yield Done("error", f"{type(e).__name__}: {e}")
+        yield from self.start(messages, params, cancel)
 
-    def _reply(self, messages: list[dict[str, str]], live: GenerationParams,
-               cancel: threading.Event) -> Iterator[Event]:
-        eng, target = self.engine, self.engine.target
-        figures = ReplyStats(target.max_len)
-        params = live.snapshot()
+    def start(self, messages: list[dict[str, str]], params: GenerationParams,
+              cancel: threading.Event | None = None) -> ReplyStream:
+        """`reply`, started now: the prompt is rendered in the caller's thread, then the reply is submitted to
+        the engine's scheduler; the returned stream's `admitted` is set once it holds a slot (a server waits on
+        it to notice a client that leaves while queued)."""
+        cancel = cancel or threading.Event()
+        figures = ReplyStats(self.engine.context_window)  # the reply's clock starts now, waiting included
+        early: list[Event] = []
+        first = params.snapshot()
         try:
-            params.validate()
+            first.validate()
         except ValueError as e:  # nothing valid to fall back on yet
-            yield Done("error", str(e))
-            return
-        if note := getattr(eng.tokenizer, "template_note", None):  # e.g. a base model: said once per engine
-            eng.tokenizer.template_note = None
-            yield Notice(note)
-        try:  # rendering the chat template is bounded in time and stops when the reply is cancelled
-            ids = yield from self._prompt(messages, params, cancel)
+            return ReplyStream(None, [Done("error", str(e))])
+        try:
+            tokenizer = self.engine.tokenizer
+            if note := getattr(tokenizer, "template_note", None):  # e.g. a base model: said once per engine
+                tokenizer.template_note = None
+                early.append(Notice(note))
+            prompt = self._prompt(messages, first, cancel)
+            try:  # rendering the chat template is bounded in time and stops when the reply is cancelled
+                while True:
+                    early.append(next(prompt))
+            except StopIteration as end:
+                ids = end.value
         except RenderCancelled:
+            return ReplyStream(None, [*early, Done("cancelled")])
+        except Exception as e:
+            return ReplyStream(None, [*early, Done("error", f"{type(e).__name__}: {e}")])
+        window = self.engine.context_window
+        if len(ids) >= window:
+            return ReplyStream(None, [*early, Done("length", f"the conversation is {len(ids)} tokens; the context "
+                                                            f"window holds {window}. Start a new chat or shorten "
+                                                            "the message.")])
+        job = Job(ids, lambda slot: self._reply(slot, ids, params, first, cancel, figures), cancel)
+        self.engine.scheduler.submit(job)
+        return ReplyStream(job, early)
+
+    def _reply(self, target: CachedModel, ids: list[int], live: GenerationParams, params: GenerationParams,
+               cancel: threading.Event, figures: ReplyStats) -> Reply:
+        """The reply in slot `target`, as the scheduler drives it: yields events, and what it needs from the
+        engine (prompt chunks to read, guesses to verify, rows of the next pass), receiving the answers.
+        `params`: the valid snapshot of `live` the reply started with."""
+        eng = self.engine
+        # Prefill everything but the last prompt token; that one is the first input of round one, and the prompt's
+        # last few tokens (`rest`, at most SHARED_CHUNK) ride in round one's pass with it.
+        prefilled = yield from self._prefill(target, ids[:-1], cancel)
+        if prefilled is None:
             yield Done("cancelled")
             return
-        if len(ids) >= target.max_len:
-            yield Done("length", f"the conversation is {len(ids)} tokens; the context window holds "
-                                 f"{target.max_len}. Start a new chat or shorten the message.")
-            return
-        # Prefill everything but the last prompt token; that one is the first input of round one.
-        reused = yield from self._prefill(ids[:-1], cancel)
-        if reused is None:
-            yield Done("cancelled")
-            return
+        reused, rest = prefilled
         figures.reused_tokens = reused
         figures.prompt_tokens = len(ids) - figures.reused_tokens
         pending, generator, stream = ids[-1], sampling.make_generator(params.seed), eng.tokenizer.stream()
@@ -89,16 +107,17 @@ class Session:
         pay, landed, expected = PayCheck(cost), 0, 0.0  # landed / expected: how well scores predict
         self.reply_ids = []
         while True:
+            yield SYNC  # the client has seen every token so far: its cancel and sliders are read now
             params, problem = checked(live, params)
             if problem and problem != rejected:
                 yield Notice(problem)
             rejected, budget = problem, params.max_new_tokens - figures.new_tokens
-            if end := self._end(cancel, params, budget):
+            if end := self._end(target, len(rest), cancel, params, budget):
                 reason, detail = end
                 break
             # propose: a drafter guesses up to k tokens (k adapts; never past the budget or the window)
-            started = round_clock()
-            context, drafter = [*target.ids, pending], eng.drafter(params.speculation)
+            started = scheduler.round_clock()
+            context, drafter = [*target.ids, *rest, pending], own_drafter(target, eng.drafter(params.speculation))
             auto = params.speculation == "auto" and drafter is not None
             adapt.k_max = params.draft_tokens
             k = min(adapt.k, target.max_len - len(context), budget - 1) if drafter else 0
@@ -110,33 +129,45 @@ class Session:
                     room = min(params.draft_tokens, budget - 1, target.max_len - len(context))
                     shadow = self._shadow_guesses(drafter, context, room, params, cost, calibration)
             guess = drafter.propose(context, k, params, generator) if k > 0 else Proposal()
-            if guess.scores:  # verify the guesses worth their share of a longer pass (measured costs); at least
-                # one, so the cost of longer passes and how well guesses land go on being measured; a tree's
-                # nodes (more than k) each take a slot of the window
-                guess = guess.first(min(max(1, best_length(guess.scores, cost, calibration)),
-                                        target.max_len - len(context)))
+            if guess.scores:  # verify the guesses worth their share of the pass (measured costs, and what else the
+                # pass holds: the scheduler shares guesses out across its sequences); alone, at least one, so the
+                # cost of longer passes and how well guesses land go on being measured; a tree's nodes (more than
+                # k) each take a slot of the window
+                n = yield Guesses([min(1.0, s * calibration) for s in guess.scores], least=1, rows=1 + len(rest))
+                guess = guess.first(min(n, target.max_len - len(context)))
             draft = guess.tokens
             # forward + verify: one target pass scores every guess and decides one token past them
-            verifying = round_clock()
+            verifying = scheduler.round_clock()
             pay.shadow(shadow, verifying - started)
+            timed = None if rest else verifying  # a round carrying prompt rows is no sample of decoding's cost
             if guess.branches and target.trees:
-                new, path, depth = self._verify_tree(draft, guess.parents, pending, context, params, generator)
+                order = depth_first(guess.parents)
+                at = {i: n + 1 for n, i in enumerate(order)}  # guess -> node of the pass (node 0: the pending token)
+                tokens = [pending, *(draft[i] for i in order)]
+                nodes = [-1, *(at.get(guess.parents[i], 0) for i in order)]
+                r = len(rest)  # the prompt's rest, a chain before the tree: node m of the tree is row r + m
+                rows = Rows([*rest, *tokens], parents=[*range(-1, r), *(r + p for p in nodes[1:])], wanted=r,
+                            ready=timed)
+                logits = yield rows
+                new, path, depth = self._verify_tree(logits, tokens, nodes, context, params, generator)
+                path = [*range(r), *(r + m for m in path)]
             else:
-                logits = target.forward([pending, *draft])
+                rows = Rows([*rest, pending, *draft], wanted=len(rest), ready=timed)
+                logits = yield rows
                 new = verify(sampling.probs(logits, params, history=context, drafted=draft), draft, guess.q,
                              generator)
                 path, depth = None, len(draft)
+            figures.batch = rows.batch
             adapt.update(depth, len(new) - 1)
-            done = round_clock()
-            cost.add(1 + len(draft), done - verifying)  # the pass; the drafting is judged with the round
-            pay.add(len(draft), len(new), verifying - started)
+            pay.add(len(draft), len(new), verifying - started)  # the pass itself is timed by the scheduler
             pay.saw(new)
             if guess.scores:
                 landed, expected = landed + len(new) - 1, expected + sum(guess.scores)
             # commit what is shown: up to a stop token (whose KV is never claimed) and the budget
             shown, stopped = cut(new, eng.tokenizer.stop_ids, budget)
-            kept = 1 + len(shown) if stopped else len(shown)
+            kept = len(rest) + (1 + len(shown) if stopped else len(shown))
             target.commit_path(path[:kept]) if path else target.commit(kept)
+            rest = []
             figures.drafter = drafter.name if drafter and (figures.drafter or draft) else figures.drafter
             figures.speculation_note = pay.note
             yield from self._show(shown, min(len(shown), len(new) - 1), len(draft), stream, figures)
@@ -145,11 +176,11 @@ class Session:
                 break
             pending = shown[-1]
             if figures.due():
-                yield self._stats(figures, pending=True)
+                yield self._stats(target, figures, pending=True)
         tail = stream.flush()
         if tail:
             yield TextDelta(tail)
-        yield self._stats(figures, pending=reason != "eos")  # the final figures: the last Stats of a reply
+        yield self._stats(target, figures, pending=reason != "eos")  # the final figures: the last Stats of a reply
         yield Done(reason, detail)  # type: ignore[arg-type]
 
     @staticmethod
@@ -163,15 +194,11 @@ class Session:
             guess = guess.first(max(1, best_length(guess.scores, cost, calibration)))
         return guess.tokens
 
-    def _verify_tree(self, draft: list[int], parents: list[int], pending: int, context: list[int],
-                     params: GenerationParams, generator) -> tuple[list[int], list[int], int]:
-        """One tree pass over the guesses (parents[i]: the guess draft[i] follows, -1 the pending token), then
-        `verify_tree`: the tokens decided, the path of pass nodes they keep, and the tree's depth."""
-        order = depth_first(parents)
-        at = {i: n + 1 for n, i in enumerate(order)}  # guess -> node of the pass (node 0: the pending token)
-        tokens = [pending, *(draft[i] for i in order)]
-        nodes = [-1, *(at.get(parents[i], 0) for i in order)]
-        logits = self.engine.target.forward_tree(tokens, nodes)
+    @staticmethod
+    def _verify_tree(logits, tokens: list[int], nodes: list[int], context: list[int], params: GenerationParams,
+                     generator) -> tuple[list[int], list[int], int]:
+        """`verify_tree` over one tree pass's logits (node 0 the pending token, nodes[m] node m's parent): the
+        tokens decided, the path of pass nodes they keep, and the tree's depth."""
         depth = [0] * len(nodes)
         for m in range(1, len(nodes)):
             depth[m] = depth[nodes[m]] + 1
@@ -182,30 +209,41 @@ class Session:
         new, path = verify_tree(dist, tokens, nodes, generator)
         return new, path, max(depth)
 
-    def _prefill(self, ids: list[int], cancel: threading.Event) -> Iterator[Event]:
-        """Put `ids` in the cache chunk by chunk; more than a chunk to read reports `Prefill` progress (tokens of
-        this reply's prompt read, of those to read), and a cancel stops between chunks. Returns the tokens
-        reused, or None when cancelled."""
-        steps, start = self.engine.target.sync_steps(ids), None
-        while True:
-            try:
-                at = next(steps)
-            except StopIteration as end:
-                return end.value
+    @staticmethod
+    def _prefill(target: CachedModel, ids: list[int], cancel: threading.Event) -> Reply:
+        """Put `ids` in the slot's cache, reusing its longest common prefix, in chunks the scheduler sizes, all
+        but the last SHARED_CHUNK tokens at most (returned, for round one's pass); more than PREFILL_CHUNK to read
+        reports `Prefill` progress (tokens of this reply's prompt read, of those to read), and a cancel stops
+        between chunks (the cache then holds a prefix of `ids`). Returns (tokens reused, the rest), or None when
+        cancelled."""
+        reused = common_prefix(target.ids, ids)
+        target.rollback(reused)
+        at = reused
+        while len(ids) - at > SHARED_CHUNK:
+            yield SYNC
             if cancel.is_set():
                 return None
-            start = at if start is None else start  # the first chunk starts after the reused prefix
-            if len(ids) - start > PREFILL_CHUNK:
-                yield Prefill(at - start, len(ids) - start)
+            if len(ids) - reused > PREFILL_CHUNK:
+                yield Prefill(at - reused, len(ids) - reused)
+            n = 0
+            while n == 0:  # the scheduler may give this pass's prompt budget to shorter prompts first
+                n = yield Chunk(len(ids) - at - SHARED_CHUNK)
+            chunk = ids[at : at + n]
+            yield Rows(chunk, wanted=len(chunk))
+            target.commit(len(chunk))
+            at += len(chunk)
+        return reused, ids[at:]
 
-    def _end(self, cancel: threading.Event, params: GenerationParams, budget: int) -> tuple[str, str] | None:
-        """Why the reply ends before this round, if it does."""
+    @staticmethod
+    def _end(target: CachedModel, rest: int, cancel: threading.Event, params: GenerationParams,
+             budget: int) -> tuple[str, str] | None:
+        """Why the reply ends before this round, if it does (`rest`: prompt tokens still to read with it)."""
         if cancel.is_set():
             return "cancelled", ""
         if budget <= 0:
             return "length", f"max_new_tokens={params.max_new_tokens} reached"
-        if len(self.engine.target.ids) + 1 > self.engine.target.max_len:  # no slot for the pending token
-            return "length", f"context window of {self.engine.target.max_len} tokens is full"
+        if len(target.ids) + rest + 1 > target.max_len:  # no slot for the pending token
+            return "length", f"context window of {target.max_len} tokens is full"
         return None
 
     def _show(self, shown: list[int], drafted: int, proposed: int, stream, figures: ReplyStats) -> Iterator[Event]:
@@ -217,16 +255,16 @@ class Session:
         if text:
             yield TextDelta(text, draft_chars=len(guessed))
 
-    def _stats(self, figures: ReplyStats, pending: bool) -> Stats:
-        figures.context_tokens = len(self.engine.target.ids) + pending
-        # what the reply ran on, read from the engine itself (not from what was asked for)
-        return replace(figures.stats(), kv_cache=self.engine.kv_cache, step=self.engine.step_kind)
+    def _stats(self, target: CachedModel, figures: ReplyStats, pending: bool) -> Stats:
+        figures.context_tokens = len(target.ids) + pending
+        # what the reply ran on, read from its slot itself (not from what was asked for)
+        return replace(figures.stats(), kv_cache=target.cache.kind, step=target.step_kind)
 
     def _prompt(self, messages: list[dict[str, str]], params: GenerationParams,
                 cancel: threading.Event | None = None) -> Iterator[Event]:
         """The prompt's token ids (the generator's return value), leaving out old turns when the
         conversation outgrows the window; says so by a Notice when that changes."""
-        tokenizer, window = self.engine.tokenizer, self.engine.target.max_len
+        tokenizer, window = self.engine.tokenizer, self.engine.context_window
         head: list[dict[str, str]] = []
         if messages and messages[0]["role"] == "system":
             head, messages = messages[:1], messages[1:]
@@ -257,3 +295,15 @@ def cut(new: list[int], stop_ids, budget: int) -> tuple[list[int], bool]:
         if t in stop_ids:
             return new[:i], True
     return new[:budget], False
+
+
+def own_drafter(slot: CachedModel, drafter):
+    """The slot's own instance of `drafter`: a drafter that indexes its context (prompt lookup, suffix match) is
+    forked per slot (`fork()`: the same settings, an empty index), so sequences never rebuild each other's
+    index; one without `fork` (a draft model) is shared."""
+    if drafter is None or not hasattr(drafter, "fork"):
+        return drafter
+    mine = slot.drafters.get(id(drafter))
+    if mine is None or mine[0] is not drafter:
+        mine = slot.drafters[id(drafter)] = (drafter, drafter.fork())
+    return mine[1]

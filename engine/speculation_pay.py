@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from itertools import combinations
 from statistics import median
 
 PRIOR_SLOPE = 0.15  # the cost of one more verified token, in 1-token passes, before any is measured
@@ -21,19 +22,24 @@ SAMPLES = 31  # passes (and drafting times) each median is taken over: the most 
 
 
 class PassCost:
-    """cost(T) ~ base + slope * (T - 1): seconds of a target pass that reads T tokens, fitted robustly:
-    base is the median of recent 1-token passes, slope the median of (seconds - base) / (T - 1) over
-    recent longer passes (a Theil-Sen-like fit anchored at T = 1), so a stalled pass moves neither."""
+    """cost(T) ~ base + slope * (T - 1): seconds of a target pass that reads T tokens (rows: one reply's, or
+    several replies' in a shared pass), fitted robustly: base is the median of recent 1-token passes, slope the
+    median of (seconds - base) / (T - 1) over recent longer passes (a Theil-Sen-like fit anchored at T = 1), so
+    a stalled pass moves neither. Until a 1-token pass runs (a server whose passes always hold several replies),
+    `ratio` comes from a Theil-Sen fit over the longer passes (the median slope over pairs of passes of different
+    lengths, then the median intercept) once two lengths were timed."""
 
     def __init__(self) -> None:
         self._ones: deque[float] = deque(maxlen=SAMPLES)  # seconds of recent 1-token passes
         self._longer: deque[tuple[int, float]] = deque(maxlen=2 * SAMPLES)  # (tokens, seconds) of longer ones
+        self._fitted: tuple[float, float] | None = None  # the fit without 1-token passes, kept until the next add
 
     def add(self, tokens: int, seconds: float) -> None:
         if tokens <= 1:
             self._ones.append(seconds)
         else:
             self._longer.append((tokens, seconds))
+            self._fitted = None
 
     @property
     def base(self) -> float | None:
@@ -48,9 +54,30 @@ class PassCost:
             return None
         return max(0.0, median((seconds - base) / (tokens - 1) for tokens, seconds in self._longer))
 
+    def _fit(self) -> tuple[float, float] | None:
+        """(base, slope) from the longer passes alone: Theil-Sen over pairs of different lengths; with one length
+        only, the prior slope through their median."""
+        if not self._longer:
+            return None
+        if self._fitted is None:
+            pairs = [(s2 - s1) / (t2 - t1) for (t1, s1), (t2, s2) in combinations(self._longer, 2) if t1 != t2]
+            if pairs:
+                slope = max(0.0, median(pairs))
+                base = median(s - slope * (t - 1) for t, s in self._longer)
+            else:
+                tokens, seconds = self._longer[0][0], median(s for _, s in self._longer)
+                base = seconds / (1 + PRIOR_SLOPE * (tokens - 1))
+                slope = PRIOR_SLOPE * base
+            floor = 0.05 * median(s / t for t, s in self._longer)  # a fit through noise never makes passes free
+            self._fitted = (max(base, floor), slope)
+        return self._fitted
+
     def ratio(self, tokens: int) -> float:
         """cost(tokens) / cost(1)."""
         base = self.base
+        if base is None and len({t for t, _ in self._longer}) > 1:  # only shared or verification passes so far
+            base, slope = self._fit()
+            return 1 + slope * (tokens - 1) / base
         if base is None or base <= 0:
             return 1 + PRIOR_SLOPE * (tokens - 1)
         slope = self.slope

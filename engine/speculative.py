@@ -72,23 +72,28 @@ def verify(p: Tensor, draft: list[int], q: Tensor | None, generator: torch.Gener
     """Tokens to emit: the accepted prefix of `draft`, then one token sampled by the target.
 
     p: target distributions [len(draft) + 1, V] at each draft position and one past the last.
-    Accept x with probability min(1, p(x)/q(x)); on the first rejection sample from
-    normalize(max(0, p - q)); if all are accepted, sample a bonus token from the last row of p.
+    Deterministic guesses (q None: one-hot): at each position draw from p exactly as plain decoding would (one
+    `sample` per emitted token); the guess stands if the draw equals it, else the draw is emitted and the round
+    ends. That is the rule below for a one-hot q (accepted with probability p(x); a rejection's token drawn from p
+    without x), and it draws the generator exactly as plain decoding does: a seeded reply's text does not depend
+    on how many guesses were verified (alone or beside other sequences, speculating or not).
+    Else accept x with probability min(1, p(x)/q(x)); on the first rejection sample from normalize(max(0, p - q));
+    if all are accepted, sample a bonus token from the last row of p.
     """
     p = p.cpu()
     q = q.cpu() if q is not None else None
     out: list[int] = []
     for i, x in enumerate(draft):
-        px = float(p[i, x])
-        qx = float(q[i, x]) if q is not None else 1.0
+        if q is None:
+            out.append(sample(p[i], generator))
+            if out[-1] != x:
+                return out
+            continue
+        px, qx = float(p[i, x]), float(q[i, x])
         if qx > 0 and float(torch.rand((), generator=generator)) * qx < px:
             out.append(x)
             continue
-        if q is not None:
-            residual = (p[i] - q[i]).clamp_min(0.0)
-        else:
-            residual = p[i].clone()
-            residual[x] = 0.0  # p - one_hot(x), clamped
+        residual = (p[i] - q[i]).clamp_min(0.0)
         total = float(residual.sum())
         # p == q leaves nothing to reject into; then p itself is the right distribution.
         out.append(sample(residual / total if total > 0 else p[i], generator))
@@ -157,6 +162,10 @@ class PromptLookup:
         self.min_n, self.max_n = min_n, max_n
         self._ids: list[int] = []
         self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
+
+    def fork(self) -> PromptLookup:
+        """A drafter of the same settings with an empty index (one per sequence: see session.own_drafter)."""
+        return PromptLookup(self.min_n, self.max_n)
 
     def propose(self, context: list[int], k: int, params: GenerationParams | None = None,
                 generator: torch.Generator | None = None) -> Proposal:
@@ -233,6 +242,10 @@ class SuffixMatch:
 
     def reset(self) -> None:
         self.trie = SuffixTrie(self.trie.depth)
+
+    def fork(self) -> SuffixMatch:
+        """A drafter of the same settings with an empty trie (one per sequence: see session.own_drafter)."""
+        return SuffixMatch(self.trie.depth, self.per_match, self.min_score, self.width, self.nodes, self.recency)
 
 
 class VocabularyMismatch(ValueError):

@@ -2320,47 +2320,81 @@ static void attend_nodes(const Cache* vc, const KV* vkv, int vh, int shift, int 
     }
 }
 
+// One sequence's rows of a pass: rows [m0, m0 + M), written to and attending its own cache `c`, whose positions
+// reach `blocks` key blocks; `tree`: null for a linear pass. The rest is attend_blocks' plan (plan_attention).
+struct Seg {
+    const Cache* c;
+    int m0, M, blocks;
+    const Tree* tree;
+    int gs, mgroups, ngroups, first;  // positions per group, groups of positions in turn, all groups, first item
+};
+
+// Work items of a pass are (sequence, kv head, key block, up to 32 of its positions in turn, or one branch of a
+// tree), so a block is read once for those positions; a short pass with few items for the threads (an 8-token
+// pass at depth 0: 3 kv heads x 1 block) splits its positions into smaller groups, so that no thread waits at the
+// end for the other's second item. Returns the number of items; each segment's `first` is its first.
+static int plan_attention(Seg* segs, int nseg, int KVH, int nt) {
+    int blocks = 0, items = 0;
+    for (int s = 0; s < nseg; s++) blocks += KVH * segs[s].blocks;
+    const int split = blocks >= 2 * nt ? 1 : (2 * nt + blocks - 1) / blocks;  // groups wanted
+    for (int s = 0; s < nseg; s++) {
+        Seg& g = segs[s];
+        g.gs = std::min(32, std::max((g.M + split - 1) / split, 1));
+        g.mgroups = (g.M + g.gs - 1) / g.gs;
+        g.ngroups = g.mgroups + (g.tree ? g.tree->ngroups : 0);
+        g.first = items;
+        items += KVH * g.blocks * g.ngroups;
+    }
+    return items;
+}
+
 // Every (kv head, key block, position) partial of a pass: parts [M][KVH][nblk][G][D + 2], slot b of position m
-// holding keys [max(b * ATT_BLOCK, first key), min((b + 1) * ATT_BLOCK, p + 1)). Work items are (kv head, key
-// block, up to 32 positions in turn, or one branch of a tree), so a block is read once for those positions; a
-// short pass with few items for the threads (an 8-token pass at depth 0: 3 kv heads x 1 block) splits its
-// positions into smaller groups, so that no thread waits at the end for the other's second item. A partial
-// depends only on its position (and, in a tree, the path to it), never on the pass or its group. Queries: head
-// i of position m at q + m * ldq + i * D. `tree`: null for a linear pass. Inside a parallel region.
-static void attend_blocks(const Cache* c, const KV* kv, int M, const int64_t* positions, int H, int KVH, int D,
-                          int window, const float* q, int ldq, float scale, int nblk, float* parts, float* scores,
-                          const Tree* tree = nullptr) {
-    const int G = H / KVH, nt = omp_get_num_threads();
-    const int split = KVH * nblk >= 2 * nt ? 1 : (2 * nt + KVH * nblk - 1) / (KVH * nblk);  // groups wanted
-    const int gs = std::min(32, std::max((M + split - 1) / split, 1)), mgroups = (M + gs - 1) / gs;
-    const int ngroups = mgroups + (tree ? tree->ngroups : 0);
+// holding keys [max(b * ATT_BLOCK, first key), min((b + 1) * ATT_BLOCK, p + 1)) of its sequence's cache, layer
+// `layer`. A partial depends only on its position and its sequence's cache (and, in a tree, the path to it),
+// never on the pass, the other sequences or its group. Queries: head i of position m at q + m * ldq + i * D.
+// Inside a parallel region.
+static void attend_blocks(const Seg* segs, int nseg, int items, int layer, const int64_t* positions, int H, int KVH,
+                          int D, int window, const float* q, int ldq, float scale, int nblk, float* parts,
+                          float* scores) {
+    const int G = H / KVH;
+    const size_t row_parts = (size_t)KVH * nblk * G * (D + 2);  // one position's partials
 #pragma omp for schedule(dynamic, 1) PARLEY_NOWAIT
-    for (int t = 0; t < KVH * nblk * ngroups; t++) {
-        const int h = t / (nblk * ngroups), b = t / ngroups % nblk, g = t % ngroups;
+    for (int t = 0; t < items; t++) {
+        int si = 0;
+        while (si + 1 < nseg && segs[si + 1].first <= t) si++;
+        const Seg& sg = segs[si];
+        const Cache* c = sg.c;
+        const KV* kv = c->layers + layer;
+        const Tree* tree = sg.tree;
+        const int M = sg.M, gs = sg.gs, mgroups = sg.mgroups, ngroups = sg.ngroups, u = t - sg.first;
+        const int h = u / (sg.blocks * ngroups), b = u / ngroups % sg.blocks, g = u % ngroups;
+        const int64_t* pos = positions + sg.m0;
+        const float* qs = q + (size_t)sg.m0 * ldq;
+        float* ps = parts + (size_t)sg.m0 * row_parts;
         float* s = scores + (size_t)omp_get_thread_num() * ATT_SCORES * ATT_BLOCK;
         int ms[32], nm = 0;
         if (g < mgroups) {  // positions in turn (a tree's chain nodes)
             for (int m = g * gs; m < std::min(M, g * gs + gs); m++)
                 if (!tree || tree->group[m] < 0) ms[nm++] = m;
-            attend_nodes(c, kv, h, 0, h, b, ms, nm, positions, KVH, D, G, window, q, ldq, scale, nblk, parts, s);
+            attend_nodes(c, kv, h, 0, h, b, ms, nm, pos, KVH, D, G, window, qs, ldq, scale, nblk, ps, s);
             continue;
         }
         const int br = g - mgroups, *mem = tree->members + tree->offsets[br];
         const int n = tree->offsets[br + 1] - tree->offsets[br];
         const int leaf_p = tree->base + tree->depth[br], fork = tree->base + tree->fork[br];
-        const int j0 = std::max(b * ATT_BLOCK, first_key((int)positions[mem[0]], window));
+        const int j0 = std::max(b * ATT_BLOCK, first_key((int)pos[mem[0]], window));
         const int j1 = std::min(leaf_p + 1, (b + 1) * ATT_BLOCK);
         if (j1 <= j0) continue;
         if (j1 <= fork) {  // this block holds none of the branch's own nodes: the cache as is
-            attend_nodes(c, kv, h, 0, h, b, mem, n, positions, KVH, D, G, window, q, ldq, scale, nblk, parts, s);
+            attend_nodes(c, kv, h, 0, h, b, mem, n, pos, KVH, D, G, window, qs, ldq, scale, nblk, ps, s);
             continue;
         }
         Cache view = {c->kind, ATT_BLOCK, nullptr};
         KV rows;
         gather_block(c, kv, h, D, tree, br, b, j0, j1, tree->scratch + (size_t)omp_get_thread_num() * tree->scratch_bytes,
                      &rows);
-        attend_nodes(&view, &rows, 0, b * ATT_BLOCK, h, b, mem, n, positions, KVH, D, G, window, q, ldq, scale, nblk,
-                     parts, s);
+        attend_nodes(&view, &rows, 0, b * ATT_BLOCK, h, b, mem, n, pos, KVH, D, G, window, qs, ldq, scale, nblk,
+                     ps, s);
     }
 }
 
@@ -2697,13 +2731,15 @@ extern "C" int parley_attention(const Cache* cache, int layer, int M, const int6
     float* parts = (float*)scratch((size_t)M * KVH * nblk * part_stride * 4);
     float* scores = (float*)scratch((size_t)omp_get_max_threads() * ATT_SCORES * ATT_BLOCK * 4);
     const float scale = 1.0f / std::sqrt((float)D);
+    Seg seg = {cache, 0, M, nblk, nullptr, 0, 0, 0, 0};
+    const int items = plan_attention(&seg, 1, KVH, omp_get_max_threads());
 #pragma omp parallel
     {
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++)
             for (int h = 0; h < KVH; h++)
                 kv_write(cache, kv, h, (int)positions[m], D, k + ((size_t)m * KVH + h) * D, v + ((size_t)m * KVH + h) * D);
-        attend_blocks(cache, kv, M, positions, H, KVH, D, window, q, H * D, scale, nblk, parts, scores);
+        attend_blocks(&seg, 1, items, layer, positions, H, KVH, D, window, q, H * D, scale, nblk, parts, scores);
         prof_phase(PH_ATTEND);
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++)
@@ -2753,29 +2789,80 @@ static bool build_tree(int M, const int64_t* positions, const int64_t* parents, 
     return true;
 }
 
-// logits [M or 1][vocab] for `tokens` at `positions`; writes their K/V into `cache`. `parents` null: a linear
-// pass (slots = positions; position p attends slots 0..p, or its layer's window of them). Else a tree pass (see
-// Tree): node m writes slot positions[0] + m. `last_only`: the head for the last position only.
-static int forward_pass(const Model* md, const Cache* cache, int M, const int64_t* tokens, const int64_t* positions,
-                        const int64_t* parents, int last_only, float* logits) {
+// Whether rows [0, M) of `parents` (indices within the segment) are a chain: each row follows the one before.
+static bool is_chain(int M, const int64_t* parents) {
+    for (int m = 0; m < M; m++)
+        if (parents[m] != m - 1) return false;
+    return true;
+}
+
+// One pass over the rows of `nseq` sequences: sequence s has rows[s] consecutive rows of `tokens` / `positions`,
+// writes their K/V into caches[s] and attends only that cache. The products see all rows as one matrix (each row's
+// arithmetic is its own: see the top of this file), so a row's logits are those of its sequence's pass alone.
+// `parents` null: every sequence's pass is linear (slots = positions; position p attends slots 0..p, or its layer's
+// window of them). Else, per row, the index within its sequence of the row it follows (-1 for the first): a
+// sequence whose rows are not a chain is a tree pass (see Tree; node m writes slot positions[first] + m).
+// logits [n_out][vocab] for rows out_rows[0..n_out) (ascending); out_rows null: the last n_out rows.
+static int forward_pass(const Model* md, int nseq, const Cache* const* caches, const int* seq_rows,
+                        const int64_t* tokens, const int64_t* positions, const int64_t* parents, int n_out,
+                        const int* out_rows, float* logits) {
     const int dim = md->dim, H = md->n_heads, KVH = md->n_kv_heads, D = md->head_dim, I = md->inter;
     const int QKV = (H + 2 * KVH) * D;
     const int maxK = std::max(std::max(I, dim), H * D);
     if (g_threads > 0) omp_set_num_threads(g_threads);
     if (D > 512 || (H / KVH) > 8 || H % KVH) return -2;
-    for (int m = 0; m < M; m++)
-        if (positions[m] < 0 || positions[m] >= cache->max_len || positions[m] >= md->max_pos) return -1;
-    Tree tree;
-    int* tree_buf = nullptr;
-    if (parents) {
-        if (positions[0] + M > cache->max_len) return -1;
-        tree_buf = (int*)scratch(tree_ints(M) * sizeof(int));
-        if (!build_tree(M, positions, parents, tree_buf, &tree)) {
-            std::free(tree_buf);
-            return -3;
+    if (nseq < 1) return -4;
+    int M = 0;
+    for (int s = 0; s < nseq; s++) {
+        if (seq_rows[s] < 1 || !caches[s]) return -4;
+        M += seq_rows[s];
+    }
+    if (n_out < 0 || n_out > M) return -4;
+    for (int i = 0; i < n_out; i++)
+        if (out_rows && (out_rows[i] < 0 || out_rows[i] >= M || (i > 0 && out_rows[i] <= out_rows[i - 1]))) return -4;
+    Seg* segs = (Seg*)scratch((size_t)nseq * sizeof(Seg));
+    Tree* trees = (Tree*)scratch((size_t)nseq * sizeof(Tree));
+    int** tree_bufs = (int**)std::calloc(nseq, sizeof(int*));
+    int* seq_of = (int*)scratch((size_t)M * sizeof(int));
+    size_t gather = 0;
+    int rc = 0;
+    for (int s = 0, m0 = 0; s < nseq; m0 += seq_rows[s++]) {
+        const Cache* c = caches[s];
+        const int n = seq_rows[s];
+        int max_p = 0;
+        for (int m = m0; m < m0 + n; m++) {
+            if (positions[m] < 0 || positions[m] >= c->max_len || positions[m] >= md->max_pos) rc = -1;
+            max_p = std::max(max_p, (int)positions[m]);
+            seq_of[m] = s;
         }
-        tree.scratch_bytes = gather_bytes(cache->kind, D);
-        tree.scratch = tree.ngroups ? (char*)scratch((size_t)omp_get_max_threads() * tree.scratch_bytes) : nullptr;
+        segs[s] = {c, m0, n, max_p / ATT_BLOCK + 1, nullptr, 0, 0, 0, 0};
+        if (rc || !parents || is_chain(n, parents + m0)) continue;
+        if (positions[m0] + n > c->max_len) {
+            rc = -1;
+            continue;
+        }
+        tree_bufs[s] = (int*)scratch(tree_ints(n) * sizeof(int));
+        if (!build_tree(n, positions + m0, parents + m0, tree_bufs[s], &trees[s])) {
+            rc = -3;
+            continue;
+        }
+        segs[s].tree = &trees[s];
+        gather = std::max(gather, gather_bytes(c->kind, D));
+    }
+    char* gather_scratch = gather ? (char*)scratch((size_t)omp_get_max_threads() * gather) : nullptr;
+    for (int s = 0; s < nseq; s++)
+        if (segs[s].tree) trees[s].scratch = gather_scratch, trees[s].scratch_bytes = gather;
+    auto release = [&]() {
+        for (int s = 0; s < nseq; s++) std::free(tree_bufs[s]);
+        std::free(tree_bufs);
+        std::free(trees);
+        std::free(segs);
+        std::free(seq_of);
+        std::free(gather_scratch);
+    };
+    if (rc) {
+        release();
+        return rc;
     }
     float* x = (float*)scratch((size_t)M * dim * 4);
     float* xn = (float*)scratch((size_t)M * maxK * 4);
@@ -2785,9 +2872,9 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
     float* tmp = (float*)scratch((size_t)M * dim * 4);
     Act a = new_act(M, maxK);
     const int nthreads = omp_get_max_threads();
-    int max_p = 0;
-    for (int m = 0; m < M; m++) max_p = std::max(max_p, (int)positions[m]);
-    const int nblk = max_p / ATT_BLOCK + 1, G = H / KVH;
+    int nblk = 1;  // the partials' stride: the key blocks of the deepest sequence
+    for (int s = 0; s < nseq; s++) nblk = std::max(nblk, segs[s].blocks);
+    const int G = H / KVH, items = plan_attention(segs, nseq, KVH, nthreads);
     const size_t part_stride = (size_t)G * (D + 2);  // one block's partial for one kv head
     float* parts = (float*)scratch((size_t)M * KVH * nblk * part_stride * 4);
     float* att_scores = (float*)scratch((size_t)nthreads * ATT_SCORES * ATT_BLOCK * 4);
@@ -2803,7 +2890,8 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
         if (md->embed_scale != 0.0f)
             for (int i = 0; i < dim; i++) x[(size_t)m * dim + i] *= md->embed_scale;
     }
-    const int first = last_only ? M - 1 : 0, rows = M - first;
+    const int rows = n_out;
+    auto out_row = [&](int i) { return out_rows ? out_rows[i] : M - n_out + i; };
 
     // One parallel region for the whole pass: each step below splits its rows / columns / heads over the
     // threads and ends at the barrier of its `omp for`.
@@ -2814,7 +2902,6 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
         // (8 rows on one thread left the other waiting ~2 us a norm, 60 norms a pass); the same bits either way.
         const int nrn = std::min(8, std::max(1, (M + omp_get_num_threads() - 1) / omp_get_num_threads()));
         const Layer* L = md->layers + l;
-        const KV* kv = cache->layers + l;
 #pragma omp for schedule(static) PARLEY_NOWAIT
         for (int m0 = 0; m0 < M; m0 += nrn) {  // (the previous layer's residual) + norm + activation quantization
             const int nr = std::min(nrn, M - m0);  // rows normed together (rmsnorm_rows)
@@ -2838,13 +2925,13 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
                 if (L->q_norm) rmsnorm_row(v, h < H ? L->q_norm : L->k_norm, v, D, md->eps);
                 rope_row(v, D, cs, sn);
             }
-            const int slot = parents ? tree.base + m : p;
+            const Seg& sg = segs[seq_of[m]];
+            const int slot = sg.tree ? sg.tree->base + (m - sg.m0) : p;
             for (int h = 0; h < KVH; h++)
-                kv_write(cache, kv, h, slot, D, row + (H + h) * D, row + (H + KVH + h) * D);
+                kv_write(sg.c, sg.c->layers + l, h, slot, D, row + (H + h) * D, row + (H + KVH + h) * D);
         }
         prof_phase(PH_ROPE);
-        attend_blocks(cache, kv, M, positions, H, KVH, D, L->window, qkv, QKV, scale, nblk, parts, att_scores,
-                      parents ? &tree : nullptr);
+        attend_blocks(segs, nseq, items, l, positions, H, KVH, D, L->window, qkv, QKV, scale, nblk, parts, att_scores);
         prof_phase(PH_ATTEND);
 #pragma omp for schedule(static) PARLEY_NOWAIT
         for (int m = 0; m < M; m++) {  // merge the blocks, then quantize for the output projection
@@ -2888,40 +2975,51 @@ static int forward_pass(const Model* md, const Cache* cache, int M, const int64_
             prof_phase(PH_POST);
         }
     }
-    for (int m = first; m < M; m++) {
+    for (int i = 0; i < rows; i++) {  // only the rows whose logits are wanted go through the head
+        const int m = out_row(i);
         float* xr = x + (size_t)m * dim;
-        for (int i = 0; i < dim; i++) xr[i] += tmp[(size_t)m * dim + i];
-        rmsnorm_row(xr, md->final_norm, xn + (size_t)(m - first) * dim, dim, md->eps);
+        for (int j = 0; j < dim; j++) xr[j] += tmp[(size_t)m * dim + j];
+        rmsnorm_row(xr, md->final_norm, xn + (size_t)i * dim, dim, md->eps);
     }
+    if (rows > 0) {
 #pragma omp parallel
-    {
-        prof_start();
-        if (quantized(&md->head))
-            quantize_acts(xn, rows, dim, lin_block(&md->head), &a);
-        prof_phase(PH_HEAD_QUANT);
-        linear(&md->head, rows, xn, &a, logits);
-        prof_phase(PH_HEAD);
+        {
+            prof_start();
+            if (quantized(&md->head))
+                quantize_acts(xn, rows, dim, lin_block(&md->head), &a);
+            prof_phase(PH_HEAD_QUANT);
+            linear(&md->head, rows, xn, &a, logits);
+            prof_phase(PH_HEAD);
+        }
     }
     std::free(x); std::free(xn); std::free(qkv); std::free(att); std::free(gu); std::free(tmp);
     free_act(&a);
     std::free(att_scores);
     std::free(parts);
-    if (parents) {
-        std::free(tree.scratch);
-        std::free(tree_buf);
-    }
+    release();
     return 0;
 }
 
+// logits [M or 1][vocab] for one sequence's `tokens` at `positions`; writes their K/V into `cache` (slots =
+// positions; position p attends slots 0..p, or its layer's window of them). `last_only`: the last row's only.
 extern "C" int parley_forward(const Model* md, const Cache* cache, int M, const int64_t* tokens, const int64_t* positions,
                               int last_only, float* logits) {
-    return forward_pass(md, cache, M, tokens, positions, nullptr, last_only, logits);
+    return forward_pass(md, 1, &cache, &M, tokens, positions, nullptr, last_only ? 1 : M, nullptr, logits);
 }
 
 // A tree pass (see Tree): -3 when `parents` is not a tree whose positions follow it.
 extern "C" int parley_forward_tree(const Model* md, const Cache* cache, int M, const int64_t* tokens,
                                    const int64_t* positions, const int64_t* parents, int last_only, float* logits) {
-    return forward_pass(md, cache, M, tokens, positions, parents, last_only, logits);
+    if (M < 1 || parents[0] != -1) return -3;
+    return forward_pass(md, 1, &cache, &M, tokens, positions, parents, last_only ? 1 : M, nullptr, logits);
+}
+
+// Several sequences in one pass (see forward_pass): the engine's step. -1: a position outside a cache or the
+// model; -3: a sequence's parents are not a tree its positions follow; -4: malformed rows or out_rows.
+extern "C" int parley_forward_batch(const Model* md, int nseq, const Cache* const* caches, const int* seq_rows,
+                                    const int64_t* tokens, const int64_t* positions, const int64_t* parents,
+                                    int n_out, const int* out_rows, float* logits) {
+    return forward_pass(md, nseq, caches, seq_rows, tokens, positions, parents, n_out, out_rows, logits);
 }
 
 // After a tree pass: move the K/V of slots src[i] to dst[i], i in order, in every layer and kv head (the accepted

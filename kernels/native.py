@@ -159,6 +159,10 @@ def load() -> ctypes.CDLL | None:
         lib.parley_forward_tree.restype = ctypes.c_int
         lib.parley_forward_tree.argtypes = [ctypes.POINTER(Model), ctypes.POINTER(Cache), ctypes.c_int, ctypes.c_void_p,
                                             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+        lib.parley_forward_batch.restype = ctypes.c_int
+        lib.parley_forward_batch.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                             ctypes.c_void_p, ctypes.c_void_p]
         lib.parley_kv_move.restype = ctypes.c_int
         lib.parley_kv_move.argtypes = [ctypes.POINTER(Cache), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                        ctypes.c_void_p, ctypes.c_void_p]

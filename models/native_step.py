@@ -298,9 +298,12 @@ class NativeStep:
                     t = getattr(cache, f"{name}{i}", None)
                     return None if t is None else t.data_ptr()
                 kvs[i] = native.KV(p("k"), p("v"), p("ks"), p("vs"), p("vm"))
-            if cache.kind == "fp" and cache.dtype != torch.float32:
+            kind = cache.kind
+            if kind == "fp" and cache.dtype == torch.bfloat16:  # a bf16 model's "fp" cache: the bf16 kind's layout
+                kind = "bf16"
+            elif kind == "fp" and cache.dtype != torch.float32:
                 raise ValueError("the native step reads fp32, bf16, int8 or k8v4 caches")
-            self._caches[cache] = (native.Cache(native.KV_KINDS[cache.kind], cache.max_len, kvs), kvs)
+            self._caches[cache] = (native.Cache(native.KV_KINDS[kind], cache.max_len, kvs), kvs)
         return self._caches[cache][0]
 
     def __call__(self, tokens: Tensor, positions: Tensor, cache: KVCache, last_only: bool = False,
@@ -343,6 +346,45 @@ class NativeStep:
             raise ValueError(f"a tree of {n} nodes at position {base} exceeds the cache ({cache.max_len} slots) "
                              f"or the model's {self.config.max_seq_len} positions")
         return out
+
+    def batch(self, parts: list[tuple[KVCache, list[int], list[int], list[int] | None, int]]) -> list[Tensor]:
+        """One pass over several sequences, each (cache, tokens, positions, parents, wanted): its rows write their
+        K/V into its cache and attend that cache only (`parents` None: a linear pass; else a tree, as `tree`, its
+        positions the root's + depth). Returns per part the logits [len(tokens) - wanted, vocab] of its rows from
+        `wanted` on (a prefill chunk wants none; a decode or verification round all). The products take every row
+        of the pass as one matrix, row by row the same arithmetic: each part's logits are bitwise those of its
+        pass alone."""
+        if not parts:
+            return []
+        any_tree = any(p[3] is not None for p in parts)
+        tokens, positions, parents, out_rows, rows = [], [], [], [], []
+        for _, ids, pos, par, wanted in parts:
+            if not ids or len(pos) != len(ids) or not 0 <= wanted <= len(ids):
+                raise ValueError(f"a part of {len(ids)} tokens, {len(pos)} positions, logits from row {wanted}")
+            out_rows.extend(range(len(tokens) + wanted, len(tokens) + len(ids)))
+            tokens += ids
+            positions += pos
+            rows.append(len(ids))
+            if any_tree:
+                parents += par if par is not None else range(-1, len(ids) - 1)
+        ids = torch.tensor(tokens, dtype=torch.int64)
+        if int(ids.max()) >= self.config.vocab_size or int(ids.min()) < 0:
+            raise ValueError(f"token id out of range for a vocabulary of {self.config.vocab_size}")
+        pos = torch.tensor(positions, dtype=torch.int64)
+        par = torch.tensor(parents, dtype=torch.int64) if any_tree else None
+        seq_rows = torch.tensor(rows, dtype=torch.int32)
+        wanted = torch.tensor(out_rows, dtype=torch.int32)
+        caches = (ctypes.POINTER(native.Cache) * len(parts))(*(ctypes.pointer(self._cache(p[0])) for p in parts))
+        out = torch.empty(len(out_rows), self.config.vocab_size, dtype=torch.float32)
+        rc = self.lib.parley_forward_batch(ctypes.byref(self.md), len(parts), caches, seq_rows.data_ptr(),
+                                           ids.data_ptr(), pos.data_ptr(), None if par is None else par.data_ptr(),
+                                           len(out_rows), wanted.data_ptr(), out.data_ptr())
+        if rc == -3:
+            raise ValueError("a part's parents are not a tree (parents[0] = -1, 0 <= parents[m] < m)")
+        if rc != 0:
+            raise ValueError(f"a pass of {len(parts)} sequences: positions exceed a cache or the model's "
+                             f"{self.config.max_seq_len} positions (code {rc})")
+        return list(out.split([len(p[1]) - p[4] for p in parts]))
 
     def move_slots(self, cache: KVCache, src: list[int], dst: list[int]) -> None:
         """Copy the K/V of slots src[i] to dst[i] in order, every layer (a tree's accepted path into place)."""

@@ -31,10 +31,10 @@ def loaded(quant: str) -> Engine:
     return Engine.load(ref, quant=quant, device="cpu", context_window=256)
 
 
-def fresh(quant: str, context_window: int = 1024, draft=None) -> Engine:
-    """An engine on the real model's weights with an empty cache."""
+def fresh(quant: str, context_window: int = 1024, draft=None, parallel: int | None = None) -> Engine:
+    """An engine on the real model's weights with an empty KV pool (`parallel` slots: default 4)."""
     eng = loaded(quant)
-    return eng.fresh(context_window=context_window, draft=draft)
+    return eng.fresh(context_window=context_window, draft=draft, parallel=parallel or 4)
 
 
 def heldout(name: str) -> str:

@@ -11,7 +11,7 @@ import pytest
 from single_thread import single_thread  # noqa: F401
 from tiny import tiny_engine
 
-from parley.engine import session as session_module
+from parley.engine import scheduler as scheduler_module
 from parley.engine.events import Stats
 from parley.engine.params import GenerationParams
 from parley.engine.speculation_pay import PassCost
@@ -75,7 +75,7 @@ def setup(monkeypatch):
 
     def with_guesser(when: str, cheap: bool, stall_every: int = 0) -> Guesser:
         clock = Clock(stall_every)
-        monkeypatch.setattr(session_module, "round_clock", clock)
+        monkeypatch.setattr(scheduler_module, "round_clock", clock)
         eng.pass_cost = PassCost()  # forget earlier rounds (the plain reply's were timed by the real clock)
         guesser = Guesser(prompt_len, plain, clock, when, cheap)
         monkeypatch.setattr(eng, "drafter", lambda mode: guesser if mode != "off" else None)

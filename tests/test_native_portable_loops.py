@@ -3,8 +3,9 @@
 A build is AVX-512 VNNI, AVX2 + FMA (most laptops) or the portable loops, whichever the compiler's target allows
 (`parley_simd()`: 2, 1, 0). Here the flavours below this machine's own are built with PARLEY_NATIVE_FLAGS (the
 AVX2 one with -mno-avx512f, the portable loops with -mno-avx2 -mno-avx512f), each in its own library folder, and
-the native step's reference, batch-invariance, tree and attention tests run against each in a child process, so
-this process keeps its library. A VNNI machine tests both, an AVX2 machine the portable loops.
+the native step's reference, batch-invariance, tree, attention and several-sequence pass tests run against each
+in a child process, so this process keeps its library. A VNNI machine tests both, an AVX2 machine the portable
+loops.
 
 The AVX2 flavour computes the VNNI path's values (the same exact integer sums, and its float operations in the
 same order): a child's logits of small models, every arch and cache type, must equal this process's bit for bit
@@ -32,10 +33,11 @@ pytestmark = pytest.mark.skipif(LEVEL == 0, reason="this machine builds the port
 CHILD_TESTS = {  # the portable loops are slow: fewer files, and the attention test runs fewer cases on them
     1: ["test_native_linear_matches_reference.py", "test_native_linear_reads_gguf_groups.py",
         "test_native_step_batch_invariance.py", "test_native_attention_matches_banded_reference.py",
-        "test_native_tree_pass_equals_linear_paths.py", "test_down_hadamard_rotation_is_exact.py"],
+        "test_native_tree_pass_equals_linear_paths.py", "test_down_hadamard_rotation_is_exact.py",
+        "test_native_batch_pass_rows_equal_their_sequence_alone.py"],
     0: ["test_native_linear_matches_reference.py", "test_native_linear_reads_gguf_groups.py",
         "test_native_step_batch_invariance.py", "test_native_attention_matches_banded_reference.py",
-        "test_down_hadamard_rotation_is_exact.py"],
+        "test_down_hadamard_rotation_is_exact.py", "test_native_batch_pass_rows_equal_their_sequence_alone.py"],
 }
 
 

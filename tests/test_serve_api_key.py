@@ -14,6 +14,7 @@ from serve_fake_engine import serve_engine
 from serve_support import running_server
 
 from parley.app.server import api as serve
+from parley.app.server import keys
 
 KEY = "sk-Test-7f3a9c"
 
@@ -67,16 +68,16 @@ def args(**kw) -> argparse.Namespace:
 
 def test_key_from_the_environment_or_a_file(monkeypatch, tmp_path):
     monkeypatch.delenv("PARLEY_API_KEY", raising=False)
-    assert serve.api_key(args()) is None
+    assert keys.api_key(args()) is None
     monkeypatch.setenv("PARLEY_API_KEY", KEY)
-    assert serve.api_key(args()) == KEY
+    assert keys.api_key(args()) == KEY
     key_file = tmp_path / "key"
     key_file.write_text("sk-from-file\n")
-    assert serve.api_key(args(api_key_file=str(key_file))) == "sk-from-file"
+    assert keys.api_key(args(api_key_file=str(key_file))) == "sk-from-file"
     with pytest.raises(ValueError, match="visible to every user"):  # never from argv (ps, shell history)
-        serve.api_key(args(api_key="sk-flag", api_key_file=str(key_file)))
+        keys.api_key(args(api_key="sk-flag", api_key_file=str(key_file)))
     with pytest.raises(ValueError, match="api-key-file .*cannot read"):
-        serve.api_key(args(api_key_file=str(tmp_path / "missing")))
+        keys.api_key(args(api_key_file=str(tmp_path / "missing")))
     key_file.write_text("\n")
     with pytest.raises(ValueError, match="non-empty"):
-        serve.api_key(args(api_key_file=str(key_file)))
+        keys.api_key(args(api_key_file=str(key_file)))

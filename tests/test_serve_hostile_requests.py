@@ -16,6 +16,7 @@ from serve_fake_engine import serve_engine
 from serve_support import poll, running_server
 
 from parley.app.bench.faults_network import exchange
+from parley.app.server.api import make_server
 
 OK = [{"role": "user", "content": "Hi"}]
 
@@ -130,6 +131,21 @@ def test_connections_beyond_the_cap_get_503_at_once():
                 s.close()
         poll(lambda: server._slots._value == 2, what="the slots to come back")
         assert httpx.get(f"{url}/models", timeout=60).status_code == 200
+
+
+def test_a_burst_of_connections_waits_in_the_listen_queue():
+    """Clients connecting at once while nothing accepts (a busy accept loop) all complete their handshake in the
+    kernel's queue: with socketserver's default backlog of 5, the rest were dropped and retried after a second."""
+    server = make_server(serve_engine(), "127.0.0.1", 0)
+    burst = []
+    try:
+        for _ in range(32):  # serve_forever is not running: none is accepted
+            burst.append(socket.create_connection(server.server_address[:2], timeout=30))
+    finally:
+        for s in burst:
+            s.close()
+        server.server_close()
+    assert len(burst) == 32
 
 
 def test_a_reset_keep_alive_connection_logs_no_traceback(served, capfd):

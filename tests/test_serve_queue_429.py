@@ -1,4 +1,4 @@
-"""Requests take turns at the one engine: one runs, `--queue-size` wait in order, the next gets 429."""
+"""With one KV slot (--parallel 1) requests take turns: one runs, `--queue-size` wait in order, the next gets 429."""
 
 from __future__ import annotations
 
@@ -16,8 +16,12 @@ pytestmark = pytest.mark.slow
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 
 
+def one_slot():
+    return real_engine().fresh(parallel=1)
+
+
 def test_one_runs_one_waits_the_next_is_told_busy():
-    with running_server(queue_size=1) as (server, url):
+    with running_server(one_slot(), queue_size=1) as (server, url):
         client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
         model = real_engine().model_name
         running = client.chat.completions.create(model=model, messages=PROMPT, temperature=0, max_tokens=400,
@@ -44,7 +48,7 @@ def test_one_runs_one_waits_the_next_is_told_busy():
 
 
 def test_a_waiting_client_that_leaves_gives_up_its_place():
-    with running_server(queue_size=1) as (server, url):
+    with running_server(one_slot(), queue_size=1) as (server, url):
         client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
         model = real_engine().model_name
         running = client.chat.completions.create(model=model, messages=PROMPT, temperature=0, max_tokens=400,

@@ -14,7 +14,7 @@ from importlib import resources
 import pytest
 from real_engines import QUANTS, fresh, heldout
 
-import parley.engine.session as session_module
+import parley.engine.scheduler as scheduler_module
 from parley.engine.events import Done, Stats
 from parley.engine.params import GenerationParams
 from parley.engine.speculative import DraftModel, SuffixMatch
@@ -82,7 +82,7 @@ def test_greedy_speculation_is_token_identical(quant, monkeypatch):
         for mode in checked:
             with monkeypatch.context() as m:  # the other modes keep the engine's own clock
                 if mode == "suffix-tree":
-                    m.setattr(session_module, "round_clock", itertools.count().__next__)
+                    m.setattr(scheduler_module, "round_clock", itertools.count().__next__)
                 got, stats = reply_ids(eng, prompt, mode, NEW_TOKENS_BY_QUANT[quant])
             checked[mode] += stats.accepted
             if got != plain:

@@ -31,6 +31,7 @@ from test_speculative_output_law import (
     target_model,
 )
 
+import parley.engine.scheduler as scheduler_module
 import parley.engine.session as session_module
 from parley.engine.engine import Engine
 from parley.engine.events import Done, Stats, TextDelta
@@ -75,7 +76,7 @@ def engine():
 def test_tree_verified_replies_follow_the_target_law(engine, params, monkeypatch):
     # Every round "costs" the same whatever its length, so the drafter's trees are verified whole (on the
     # tiny model the measured cost of a longer pass would cut most of them to a chain).
-    monkeypatch.setattr(session_module, "round_clock", itertools.count().__next__)
+    monkeypatch.setattr(scheduler_module, "round_clock", itertools.count().__next__)
     # and every reply starts at the longest draft, so the first round's tree is 8 nodes deep enough to repeat a
     # token it guessed (the penalty of its rows then depends on the path emitted before them)
     monkeypatch.setattr(session_module, "AdaptiveDraftLength", lambda k_max: AdaptiveDraftLength(k_max, k=k_max))

@@ -45,7 +45,8 @@ def test_only_this_machine_and_its_own_page_reach_the_app():
 def test_the_server_key_goes_by_the_environment(tmp_path, monkeypatch):
     key_file = tmp_path / "key"
     key_file.write_text("sk-web-secret-9\n")
-    monkeypatch.delenv("PARLEY_API_KEY", raising=False)
+    monkeypatch.setenv("PARLEY_API_KEY", "")  # `parley web` sets it: undone after the test (not left for the next
+    monkeypatch.delenv("PARLEY_API_KEY")  # test's subprocesses, whose servers would then ask for the key)
     seen = {}
     monkeypatch.setattr(web, "serve", lambda command, port: seen.update(command=command,
                                                                         key=os.environ.get("PARLEY_API_KEY")))

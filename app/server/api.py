@@ -1,10 +1,11 @@
 """`parley serve`: the in-process engine behind the OpenAI HTTP API, so editors, scripts and agents can use it.
 
-The standard library's threading HTTP server is enough: there is one engine and it answers one request at a
-time, so an async framework would buy nothing. Each request gets a thread; requests take turns at the engine
-through a bounded FIFO (`EngineQueue`, 429 when full). A client that goes away cancels its reply (one that only
-half-closes its socket after the request still gets it: `Handler._client_gone`); the engine
-reuses its KV cache for the longest common prefix, so the turns of one conversation only prefill what is new.
+The standard library's threading HTTP server is enough: each request gets a thread, and the engine's scheduler
+decodes every running reply in one pass (continuous batching: `engine/scheduler.py`). Up to `--parallel` replies
+run at once (the engine's KV slots); `--queue-size` more wait in arrival order (`EngineQueue`), and beyond that a
+request gets 429 with Retry-After. A client that goes away cancels its reply, freeing its slot for the next (one
+that only half-closes its socket after the request still gets it: `Handler._client_gone`); each reply takes the
+slot holding the longest prefix of its prompt, so the turns of one conversation only prefill what is new.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import contextlib
 import hmac
 import ipaddress
 import json
-import os
 import select
 import socket
 import sys
@@ -30,6 +30,8 @@ from typing import Any
 from parley.engine.events import Done, Stats, TextDelta, consume
 from parley.engine.params import SPECULATION_MODES, TEMPERATURE_MAX, GenerationParams
 from parley.models.errors import printable
+
+from .keys import add_key_arguments, api_key
 
 DEFAULT_PORT = 8000
 DEFAULT_QUEUE_SIZE = 8
@@ -56,14 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="let web pages of ORIGIN (such as http://localhost:3000) call the API; by default a "
                              "request from any web page (an Origin header) is refused")
     parser.add_argument("--queue-size", type=int, default=DEFAULT_QUEUE_SIZE,
-                        help=f"requests that may wait for the engine; more get 429 (default {DEFAULT_QUEUE_SIZE})")
-
-
-def add_key_arguments(parser: argparse.ArgumentParser, what: str) -> None:
-    """--api-key-file; --api-key only to say why not (a key on the command line is in `ps` and shell history)."""
-    parser.add_argument("--api-key-file", default=None, metavar="FILE",
-                        help=f"{what}: the key is this file's first line (or set PARLEY_API_KEY)")
-    parser.add_argument("--api-key", default=None, help=argparse.SUPPRESS)
+                        help="requests that may wait while --parallel replies run; more get 429 "
+                             f"(default {DEFAULT_QUEUE_SIZE})")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         raise ValueError(f"cannot listen on {args.host}:{args.port} ({e.strerror}); pick another --port") from None
     host, port = server.server_address[:2]
-    print(f"parley serve: {engine.model_name} on http://{host}:{port}/v1 "
-          f"(queue {args.queue_size}{', API key required' if args.api_key else ''}); Ctrl+C stops", file=sys.stderr)
+    print(f"parley serve: {engine.model_name} on http://{host}:{port}/v1 ({parallel_of(engine)} replies at once, "
+          f"queue {args.queue_size}{', API key required' if args.api_key else ''}); Ctrl+C stops", file=sys.stderr)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print("parley serve: warning: listening beyond this machine without --api-key", file=sys.stderr)
     try:
@@ -93,29 +89,6 @@ def run(args: argparse.Namespace) -> int:
     finally:
         server.server_close()
     return 0
-
-
-def api_key(args: argparse.Namespace, env: tuple[str, ...] = ("PARLEY_API_KEY",)) -> str | None:
-    """The key from --api-key-file, else the first of `env` set; never from the command line, never written."""
-    if getattr(args, "api_key", None) is not None:
-        raise ValueError("--api-key: a key on the command line is visible to every user of this machine (ps, "
-                         "shell history); put it in PARLEY_API_KEY or in a file given to --api-key-file")
-    name = next((n for n in env if os.environ.get(n)), None)
-    if getattr(args, "api_key_file", None):
-        try:
-            with open(args.api_key_file, encoding="utf-8") as f:
-                key = f.readline()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"--api-key-file {args.api_key_file}: cannot read it ({e}); "
-                             "give a readable text file whose first line is the key") from None
-        key, source = key.strip(), f"--api-key-file {args.api_key_file}"
-    elif name:
-        key, source = os.environ[name], name
-    else:
-        return None
-    if not key or key != key.strip() or not key.isprintable() or not key.isascii():
-        raise ValueError(f"{source}: the API key must be non-empty printable ASCII without surrounding spaces")
-    return key
 
 
 def make_server(engine: Any, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, api_key: str | None = None,
@@ -179,34 +152,45 @@ class RequestError(Exception):
         self.param, self.status, self.kind = param, status, kind
 
 
-class EngineQueue:
-    """First come, first served turns at the one engine; at most `size` requests wait behind the running one.
+def parallel_of(engine: Any) -> int:
+    """How many replies the engine runs at once: its KV slots (`Engine.parallel`); 1 for an engine without them."""
+    return max(1, int(getattr(engine, "parallel", 1) or 1))
 
-    The engine itself runs one reply at a time (`Engine.turn`); this is kept beside it for what a lock cannot
-    give an HTTP server: arrival order, a bound on waiting requests (429 past it), and dropping a request
-    whose client left while it waited, before it ever reaches the engine.
+
+class EngineQueue:
+    """Admission to the engine: up to `parallel` requests run at once (the engine's KV slots: each running reply
+    holds one, and the engine decodes them together), at most `size` more wait in arrival order, and a request
+    beyond that is refused (429, Retry-After) before its prompt is even tokenized.
+
+    Kept beside the engine's scheduler for what an HTTP server needs: arrival order, a bound on waiting requests,
+    and dropping a request whose client left while it waited, before it ever reaches the engine. A finished or
+    cancelled reply frees its place at once (`release`), and the first waiting request takes it.
     """
 
-    def __init__(self, size: int) -> None:
-        self.size = size
+    def __init__(self, size: int, parallel: int = 1) -> None:
+        self.size, self.parallel = size, parallel
         self._cond = threading.Condition()
         self._waiting: deque[object] = deque()
-        self._busy = False
+        self._running = 0
 
     @property
     def waiting(self) -> int:
         return len(self._waiting)
 
     @property
+    def running(self) -> int:
+        return self._running
+
+    @property
     def busy(self) -> bool:
-        return self._busy
+        return self._running > 0
 
     def join(self) -> object:
         with self._cond:
-            if len(self._waiting) >= self.size and (self._busy or self._waiting):
-                raise RequestError(f"the server is busy: {len(self._waiting)} request(s) already wait for the "
-                                   "engine (parley serve --queue-size); retry later", status=429,
-                                   kind="rate_limit_error")
+            if len(self._waiting) >= self.size and (self._running >= self.parallel or self._waiting):
+                raise RequestError(f"the server is busy: {self._running} replies run (parley serve --parallel) and "
+                                   f"{len(self._waiting)} request(s) already wait (--queue-size); retry later",
+                                   status=429, kind="rate_limit_error")
             ticket = object()
             self._waiting.append(ticket)
             return ticket
@@ -217,26 +201,31 @@ class EngineQueue:
             self._cond.notify_all()
 
     def wait_turn(self, ticket: object, gone: Callable[[], bool]) -> bool:
-        """Block until `ticket` is at the head and the engine is free; False if the client left meanwhile."""
+        """Block until `ticket` is at the head and a slot is free; False if the client left meanwhile."""
         with self._cond:
-            while self._busy or self._waiting[0] is not ticket:
+            while self._running >= self.parallel or self._waiting[0] is not ticket:
                 if gone():
                     self._waiting.remove(ticket)
                     self._cond.notify_all()
                     return False
                 self._cond.wait(0.1)  # wake now and then to notice a client that went away
             self._waiting.popleft()
-            self._busy = True
+            self._running += 1
+            self._cond.notify_all()  # the next in line may run too, if a slot is left
             return True
 
     def release(self) -> None:
         with self._cond:
-            self._busy = False
+            self._running -= 1
             self._cond.notify_all()
 
 
 class ParleyServer(ThreadingHTTPServer):
     daemon_threads = True
+    # The listen backlog: clients that connect in a burst (several tabs or scripts at once) wait in the kernel's
+    # queue until accepted; past socketserver's default of 5, a busy accept loop let the kernel drop their
+    # handshakes, which clients retry only after a second.
+    request_queue_size = MAX_CONNECTIONS
 
     def __init__(self, address: tuple[str, int], engine: Any, *, api_key: str | None, queue_size: int,
                  log: Callable[[str], None] | None, timeout: float = SOCKET_TIMEOUT_S,
@@ -248,7 +237,7 @@ class ParleyServer(ThreadingHTTPServer):
         self.timeout_s = timeout
         self._slots = threading.BoundedSemaphore(max_connections)
         self.api_key = api_key
-        self.queue = EngineQueue(queue_size)
+        self.queue = EngineQueue(queue_size, parallel_of(engine))
         write = log or (lambda line: print(line, file=sys.stderr))
         self.log = lambda line: write(printable(line))  # request lines and client text carry terminal escapes
         self.created = int(time.time())
@@ -420,7 +409,9 @@ class Handler(BaseHTTPRequestHandler):
                 "max_model_len": engine.context_window,
             }]})
         elif path == "/health":
-            self._send_json({"status": "ok", "waiting": self.server.queue.waiting})
+            queue = self.server.queue
+            self._send_json({"status": "ok", "running": queue.running, "waiting": queue.waiting,
+                             "parallel": queue.parallel})
         else:
             raise RequestError(f"no route GET {path}: try GET /v1/models", status=404, kind="not_found_error")
 
@@ -453,18 +444,27 @@ class Handler(BaseHTTPRequestHandler):
             self.server.finished.append("cancelled")
             return
         cancel = threading.Event()
+        released = threading.Lock()
+
+        def release() -> None:  # once: when the engine's reply ends, or when this request does if sooner
+            if released.acquire(blocking=False):
+                queue.release()
+
         try:
-            events = self._generate(req, cancel)
+            events = self._generate(req, cancel, release)
             if req.stream:
                 self._stream(req, events, cancel)
             else:
                 self._whole(req, events, cancel)
         finally:
             cancel.set()
-            queue.release()
+            release()
 
-    def _generate(self, req: CompletionRequest, cancel: threading.Event) -> Iterator[TextDelta | Stats | Done]:
-        """The engine's events with stop strings applied: text up to a stop string, then Done("eos")."""
+    def _generate(self, req: CompletionRequest, cancel: threading.Event,
+                  ended: Callable[[], None]) -> Iterator[TextDelta | Stats | Done]:
+        """The engine's events with stop strings applied: text up to a stop string, then Done("eos"). `ended` is
+        called as soon as the engine's reply ends (its slot is free), which may be before this client has read
+        all of it: the next waiting request runs meanwhile."""
 
         engine = self.server.engine
         if req.prompt is not None:  # raw text: the same loop over a tokenizer that takes the text as it is
@@ -473,7 +473,14 @@ class Handler(BaseHTTPRequestHandler):
         else:
             session, messages = engine.session(None), req.messages
         matcher = StopMatcher(req.stop)
-        for ev in session.reply(messages, req.params, cancel):
+        if hasattr(session, "start"):  # the in-process engine: its reply says when it frees its slot
+            stream = session.start(messages, req.params, cancel)
+            if stream.job is not None:
+                stream.job.on_end(ended)
+            replies: Iterable = stream
+        else:
+            replies = session.reply(messages, req.params, cancel)
+        for ev in replies:
             if isinstance(ev, TextDelta):
                 text, stopped = matcher.push(ev.text)
                 if text:
@@ -532,6 +539,8 @@ class Handler(BaseHTTPRequestHandler):
                 data["usage"] = None
             self._write(f"data: {json.dumps(data)}\n\n")
 
+        batch, said = 1, 1  # replies sharing the engine's passes: told with the next text when it changes
+
         try:
             if req.chat:
                 send({"delta": {"role": "assistant", "content": ""}, "finish_reason": None, "logprobs": None})
@@ -540,9 +549,11 @@ class Handler(BaseHTTPRequestHandler):
                     cancel.set()
                 if isinstance(ev, TextDelta):
                     piece = {"delta": {"content": ev.text}} if req.chat else {"text": ev.text}
-                    send({**piece, "finish_reason": None, "logprobs": None})
+                    extra = {"parley": {"batch": batch}} if batch != said else {}
+                    send({**piece, "finish_reason": None, "logprobs": None}, **extra)
+                    said = batch
                 elif isinstance(ev, Stats):
-                    stats = ev
+                    stats, batch = ev, ev.batch
                 elif isinstance(ev, Done):
                     done = ev
             if done.reason == "cancelled":
@@ -831,7 +842,7 @@ def usage(stats: Stats | None) -> dict[str, Any]:
             "acceptance_rate": round(stats.acceptance_rate, 4),
             "tokens_per_target_pass": round(stats.tokens_per_target_pass, 4), "drafter": stats.drafter,
             "tokens_per_s": round(stats.tokens_per_s, 2), "ttft_s": round(stats.ttft_s, 4),
-            "kv_cache": stats.kv_cache, "step": stats.step,
+            "kv_cache": stats.kv_cache, "step": stats.step, "batch": stats.batch,
         },
     }
 

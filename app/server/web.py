@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # The engine's flags: the shared `parley serve` takes them, the tabs do not.
-MODEL_FLAGS = ("model", "quant", "draft", "device", "compile", "kv_cache", "threads")
+MODEL_FLAGS = ("model", "quant", "draft", "device", "compile", "kv_cache", "threads", "parallel")
 
 
 def flags(args: argparse.Namespace, add: Callable[[argparse.ArgumentParser], None],
@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     engine = None
     server = args.server
     if server is not None:
-        from parley.app.server.api import api_key
+        from parley.app.server.keys import api_key
 
         # Every tab's process inherits the environment: the key never goes on a command line (`ps` shows
         # those) nor into textual-serve's banner, which prints the tab command.

@@ -47,6 +47,16 @@ def speculation_words(stats: Stats) -> str:
             f"{stats.tokens_per_target_pass:.1f} tokens per step")
 
 
+def sharing_words(batch: int, compact: int = 0) -> str:
+    """'sharing the engine: 3 replies at once' while other replies (another tab, another client of the server) run
+    in the same passes; shorter forms for narrow terminals; '' when the reply has the engine to itself."""
+    if batch <= 1:
+        return ""
+    if compact >= 3:
+        return f"×{batch}"
+    return f"shared ×{batch}" if compact else f"sharing the engine: {batch} replies at once"
+
+
 def context_meter(window: int, used: int, documents: int, reply: int, cells: int = 8) -> Text:
     """'ctx ▰▰▰▰▰▰▱▱ 76%': how full the window is, documents, then the chat, then the room kept for the reply
     (red when they do not all fit)."""
@@ -135,6 +145,8 @@ class StatusBar(Widget):
             parts.append(f"{s.tokens_per_s:.1f} tok/s")
             if compact < 2:
                 parts.append(f"ttft {s.ttft_s:.2f}s")
+        if s is not None and (shared := sharing_words(getattr(s, "batch", 1), compact)):
+            parts.append(shared)
         # The context before the speculation figures: it matters more when the terminal is narrow.
         window = self.context_window or (s.context_window if s and s.context_window else 0)
         if window:
