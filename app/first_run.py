@@ -159,26 +159,15 @@ def stand_in_fits(files: object) -> str | None:
     from parley.models.loading import load_config
     from parley.models.quantize.methods import fast_cpu_bf16
     from parley.models.quantize.tiers import decoder_params
+    from parley.models.weights_dtype import available_bytes
 
     config = load_config(files)
     per_weight = 2 if fast_cpu_bf16() else 4
     need = (decoder_params(config) + 2 * config.vocab_size * config.dim) * per_weight
     layer = decoder_params(config) / max(1, config.n_layers) * 4
     need += 8 * layer + (2 << 30)  # the quantizer: a layer in fp32 and its working copies, Gram matrices, activations
-    free = available_memory()
+    free = available_bytes()
     if free is None or need <= free:
         return None
     return (f"the unquantized model needs {need / 2**30:.1f} GiB beside the quantizer and {free / 2**30:.1f} GiB "
             "is available")
-
-
-def available_memory() -> int | None:
-    """MemAvailable in bytes (Linux), None where unknown."""
-    try:
-        text = Path("/proc/meminfo").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return None

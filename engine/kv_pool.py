@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable
 from itertools import count
 
+from ..models.weights_dtype import available_bytes
 from .cached_model import CachedModel
 from .prefix import common_prefix
 
@@ -21,24 +22,12 @@ MAX_DEFAULT_SLOTS = 8  # the default pool never holds more (a pass of 8 decode r
 MEMORY_SHARE = 0.25  # of the memory free at start, what the default pool may take at full windows
 
 
-def available_memory() -> int | None:
-    """Bytes the OS says are available (MemAvailable), or None where it cannot tell."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def default_slots(slot_bytes: int, free: int | None = None) -> int:
     """PARLEY_PARALLEL, else as many slots as a quarter of the available memory holds at full windows (1 to 8)."""
     env = os.environ.get("PARLEY_PARALLEL", "").strip()
     if env:
         return parse_slots(env, "PARLEY_PARALLEL")
-    free = available_memory() if free is None else free
+    free = available_bytes() if free is None else free
     if free is None or slot_bytes <= 0:
         return 4
     return max(1, min(MAX_DEFAULT_SLOTS, int(free * MEMORY_SHARE) // slot_bytes))
