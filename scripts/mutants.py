@@ -149,8 +149,9 @@ MUTANTS: list[Mutant] = [
            ("tests/test_native_step_matches_pytorch_every_arch.py",)),
     # tiles that must not reorder a position's arithmetic (the AVX-512 paths: run on a VNNI machine)
     Mutant("native-down-tile-of-8-adds-halves-swapped", "kernels/cpu_step.cpp",
-           "for (int hf = 0; hf < 2; hf++) {",
-           "for (int hf0 = 0; hf0 < 2; hf0++) { const int hf = R == 8 ? 1 - hf0 : hf0;",
+           "ib[r][1]: 32..63\n                for (int hf = 0; hf < 2; hf++) {",
+           "ib[r][1]: 32..63\n"
+           "                for (int hf0 = 0; hf0 < 2; hf0++) { const int hf = R == 8 ? 1 - hf0 : hf0;",
            ("tests/test_native_step_batch_invariance.py",)),
     Mutant("native-pair-tile-rounds-the-product-twice", "kernels/cpu_step.cpp",
            "_mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_mul_ps(_mm512_set1_ps(a->d[blk]), s_16[c]), acc[c][r])",
