@@ -65,9 +65,7 @@ def run(args: argparse.Namespace) -> int:
     if args.raw:  # continue the text as written, as /v1/completions does (llama-cli -no-cnv)
         if args.system or getattr(args, "server", None):
             raise ValueError("--raw continues text with the local engine: it takes no --system or --server")
-        from .server.api import raw_session
-
-        session = raw_session(engine)
+        session = engine.session(raw=True)
     else:
         session = engine.session(system_prompt=args.system)
 

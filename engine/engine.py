@@ -197,8 +197,9 @@ class Engine:
             for slot in self.pool.slots:
                 slot.set_kv_cache(self.kv_cache)
 
-    def session(self, system_prompt: str | None = None) -> Session:
-        return Session(self, system_prompt)
+    def session(self, system_prompt: str | None = None, raw: bool = False) -> Session:
+        """A conversation; `raw`: one that continues text as written (no chat template)."""
+        return Session(self, system_prompt, raw=raw)
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text))

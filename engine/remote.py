@@ -191,7 +191,9 @@ class RemoteEngine:
         return Capabilities(unsupported=unsupported, live_params=live, live_params_note=note,
                             speculation=server.speculation)
 
-    def session(self, system_prompt: str | None = None) -> RemoteSession:
+    def session(self, system_prompt: str | None = None, raw: bool = False) -> RemoteSession:
+        if raw:
+            raise ValueError("raw text (no chat template) continues with the local engine: leave out --server")
         return RemoteSession(self, system_prompt)
 
     def count_tokens(self, text: str) -> int:

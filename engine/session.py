@@ -1,5 +1,5 @@
-"""A conversation's reply loop: prefix reuse, chunked prefill, then rounds of propose -> forward ->
-verify -> commit, driven by the engine's scheduler (engine/scheduler.py) beside every other running reply."""
+"""A conversation's reply loop: prefix reuse and chunked prefill, then rounds of plan -> propose -> verify ->
+commit -> emit, driven by the engine's scheduler (engine/scheduler.py) beside every other running reply."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
+
+import torch
 
 from ..models.chat_template import RenderCancelled
 from . import sampling, scheduler
@@ -16,8 +18,8 @@ from .params import GenerationParams, checked
 from .prefix import common_prefix
 from .reply_stats import ReplyStats
 from .scheduler import SHARED_CHUNK, SYNC, Chunk, Guesses, Job, Reply, ReplyStream, Rows
-from .speculation_pay import PayCheck, best_length
-from .speculative import AdaptiveDraftLength, Proposal, depth_first, verify, verify_tree
+from .speculation_pay import SpeculationPolicy
+from .speculative import Drafter, Proposal, depth_first, verify, verify_tree
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -32,9 +34,12 @@ class Session:
     reusing the cache until the window fills again (one re-prefill per half window, not one per turn).
     """
 
-    def __init__(self, engine: Engine, system_prompt: str | None = None) -> None:
+    def __init__(self, engine: Engine, system_prompt: str | None = None, raw: bool = False) -> None:
         self.engine = engine
         self.system_prompt = system_prompt
+        # raw: continue the last message's text as written, no chat template (/v1/completions, `generate --raw`),
+        # with the same loop, prefix cache and speculation as a chat reply
+        self.raw = raw
         self.left_out = 0  # leading messages (after a system prompt) kept out of the window
         self.reply_ids: list[int] = []  # the token ids the last reply showed
 
@@ -64,7 +69,7 @@ class Session:
             return ReplyStream(None, [Done("error", str(e))])
         try:
             tokenizer = self.engine.tokenizer
-            if note := getattr(tokenizer, "template_note", None):  # e.g. a base model: said once per engine
+            if not self.raw and (note := getattr(tokenizer, "template_note", None)):  # a base model: said once
                 tokenizer.template_note = None
                 early.append(Notice(note))
             prompt = self._prompt(messages, first, cancel)
@@ -102,9 +107,7 @@ class Session:
         figures.reused_tokens = reused
         figures.prompt_tokens = len(ids) - figures.reused_tokens
         pending, generator, stream = ids[-1], sampling.make_generator(params.seed), eng.tokenizer.stream()
-        adapt, rejected = AdaptiveDraftLength(params.draft_tokens), None
-        cost = eng.pass_cost  # measured across the engine's replies
-        pay, landed, expected = PayCheck(cost), 0, 0.0  # landed / expected: how well scores predict
+        policy, rejected = SpeculationPolicy(eng.pass_cost, params.draft_tokens), None
         self.reply_ids = []
         while True:
             yield SYNC  # the client has seen every token so far: its cancel and sliders are read now
@@ -115,62 +118,20 @@ class Session:
             if end := self._end(target, len(rest), cancel, params, budget):
                 reason, detail = end
                 break
-            # propose: a drafter guesses up to k tokens (k adapts; never past the budget or the window)
             started = scheduler.round_clock()
             context, drafter = [*target.ids, *rest, pending], own_drafter(target, eng.drafter(params.speculation))
-            auto = params.speculation == "auto" and drafter is not None
-            adapt.k_max = params.draft_tokens
-            k = min(adapt.k, target.max_len - len(context), budget - 1) if drafter else 0
-            calibration = (landed + 1) / (expected + 1)
-            shadow: list[int] = []
-            if auto and (pay.needs_plain_round or not pay.pays()):
-                k = 0  # auto: measure one plain round to compare with, or drafting was measured not to pay
-                if pay.shadowing and drafter.cheap:  # guess anyway; plain decoding judges it
-                    room = min(params.draft_tokens, budget - 1, target.max_len - len(context))
-                    shadow = self._shadow_guesses(drafter, context, room, params, cost, calibration)
-            guess = drafter.propose(context, k, params, generator) if k > 0 else Proposal()
-            if guess.scores:  # verify the guesses worth their share of the pass (measured costs, and what else the
-                # pass holds: the scheduler shares guesses out across its sequences); alone, at least one, so the
-                # cost of longer passes and how well guesses land go on being measured; a tree's nodes (more than
-                # k) each take a slot of the window
-                n = yield Guesses([min(1.0, s * calibration) for s in guess.scores], least=1, rows=1 + len(rest))
-                guess = guess.first(min(n, target.max_len - len(context)))
-            draft = guess.tokens
-            # forward + verify: one target pass scores every guess and decides one token past them
+            k = policy.plan(drafter, context, params, room=min(target.max_len - len(context), budget - 1))
+            guess = yield from self._propose(drafter, context, k, params, generator, policy, len(rest),
+                                             room=target.max_len - len(context))
             verifying = scheduler.round_clock()
-            pay.shadow(shadow, verifying - started)
-            timed = None if rest else verifying  # a round carrying prompt rows is no sample of decoding's cost
-            if guess.branches and target.trees:
-                order = depth_first(guess.parents)
-                at = {i: n + 1 for n, i in enumerate(order)}  # guess -> node of the pass (node 0: the pending token)
-                tokens = [pending, *(draft[i] for i in order)]
-                nodes = [-1, *(at.get(guess.parents[i], 0) for i in order)]
-                r = len(rest)  # the prompt's rest, a chain before the tree: node m of the tree is row r + m
-                rows = Rows([*rest, *tokens], parents=[*range(-1, r), *(r + p for p in nodes[1:])], wanted=r,
-                            ready=timed)
-                logits = yield rows
-                new, path, depth = self._verify_tree(logits, tokens, nodes, context, params, generator)
-                path = [*range(r), *(r + m for m in path)]
-            else:
-                rows = Rows([*rest, pending, *draft], wanted=len(rest), ready=timed)
-                logits = yield rows
-                new = verify(sampling.probs(logits, params, history=context, drafted=draft), draft, guess.q,
-                             generator)
-                path, depth = None, len(draft)
-            figures.batch = rows.batch
-            adapt.update(depth, len(new) - 1)
-            pay.add(len(draft), len(new), verifying - started)  # the pass itself is timed by the scheduler
-            pay.saw(new)
-            if guess.scores:
-                landed, expected = landed + len(new) - 1, expected + sum(guess.scores)
-            # commit what is shown: up to a stop token (whose KV is never claimed) and the budget
-            shown, stopped = cut(new, eng.tokenizer.stop_ids, budget)
-            kept = len(rest) + (1 + len(shown) if stopped else len(shown))
-            target.commit_path(path[:kept]) if path else target.commit(kept)
+            new, path, depth = yield from self._verify(target, guess, pending, rest, context, params, generator,
+                                                       figures, timed=None if rest else verifying)
+            policy.learn(guess, new, depth, verifying - started)
+            shown, stopped = self._commit(target, new, path, len(rest), budget)
             rest = []
-            figures.drafter = drafter.name if drafter and (figures.drafter or draft) else figures.drafter
-            figures.speculation_note = pay.note
-            yield from self._show(shown, min(len(shown), len(new) - 1), len(draft), stream, figures)
+            figures.drafter = drafter.name if drafter and (figures.drafter or guess.tokens) else figures.drafter
+            figures.speculation_note = policy.note
+            yield from self._emit(shown, min(len(shown), len(new) - 1), len(guess), stream, figures)
             if stopped:
                 reason, detail = "eos", ""
                 break
@@ -184,15 +145,56 @@ class Session:
         yield Done(reason, detail)  # type: ignore[arg-type]
 
     @staticmethod
-    def _shadow_guesses(drafter, context: list[int], k: int, params: GenerationParams, cost,
-                        calibration: float) -> list[int]:
-        """A cheap drafter's chain of guesses for `context`, cut to those a drafted round would verify."""
-        guess = drafter.propose(context, k, params) if k > 0 else Proposal()
-        if guess.parents is not None:
-            return []  # a tree: not judged by shadows (`auto` drafts chains)
+    def _propose(drafter: Drafter | None, context: list[int], k: int, params: GenerationParams,
+                 generator: torch.Generator, policy: SpeculationPolicy, rest: int, room: int) -> Reply:
+        """The drafter's guesses for this round (none when `k` is 0), cut to those worth their share of the pass:
+        the scheduler weighs their calibrated scores against the measured pass cost and what else the pass holds
+        (other replies' rows; `rest` prompt rows of this one). Alone, at least one is verified, so the cost of
+        longer passes and how well guesses land go on being measured. A tree's nodes (it may hold more than k)
+        each take a slot of the window: at most `room`."""
+        guess = drafter.propose(context, k, params, generator) if drafter and k > 0 else Proposal()
         if guess.scores:
-            guess = guess.first(max(1, best_length(guess.scores, cost, calibration)))
-        return guess.tokens
+            n = yield Guesses(policy.scores(guess), least=1, rows=1 + rest)
+            guess = guess.first(min(n, room))
+        return guess
+
+    def _verify(self, target: CachedModel, guess: Proposal, pending: int, rest: list[int], context: list[int],
+                params: GenerationParams, generator: torch.Generator, figures: ReplyStats,
+                timed: float | None) -> Reply:
+        """One target pass over the prompt's `rest`, the pending token and the guesses (a chain, or a tree where
+        the slot's pass supports one); the verification rule then decides the tokens plain decoding would have
+        drawn: the guesses it keeps and one more. Returns (the tokens decided, the pass rows they keep, or None
+        for a chain's first rows; the deepest guess verified). `timed`: when the round reached its pass, for the
+        scheduler's pass-cost samples (None: a pass carrying prompt rows is no sample of decoding's cost)."""
+        r, draft = len(rest), guess.tokens
+        if guess.branches and target.trees:
+            order = depth_first(guess.parents)
+            at = {i: n + 1 for n, i in enumerate(order)}  # guess -> node of the pass (node 0: the pending token)
+            tokens = [pending, *(draft[i] for i in order)]
+            nodes = [-1, *(at.get(guess.parents[i], 0) for i in order)]
+            # the prompt's rest is a chain before the tree: node m of the tree is row r + m
+            rows = Rows([*rest, *tokens], parents=[*range(-1, r), *(r + p for p in nodes[1:])], wanted=r,
+                        ready=timed)
+            logits = yield rows
+            new, path, depth = self._verify_tree(logits, tokens, nodes, context, params, generator)
+            path = [*range(r), *(r + m for m in path)]
+        else:
+            rows = Rows([*rest, pending, *draft], wanted=r, ready=timed)
+            logits = yield rows
+            new = verify(sampling.probs(logits, params, history=context, drafted=draft), draft, guess.q, generator)
+            path, depth = None, len(draft)
+        figures.batch = rows.batch
+        return new, path, depth
+
+    def _commit(self, target: CachedModel, new: list[int], path: list[int] | None, rest: int,
+                budget: int) -> tuple[list[int], bool]:
+        """Keep in the slot's cache what the round shows: the prompt's `rest` rows, then the decided tokens up to
+        a stop token (whose KV is never claimed) and the budget. Returns (the tokens shown, whether the reply
+        stopped)."""
+        shown, stopped = cut(new, self.engine.tokenizer.stop_ids, budget)
+        kept = rest + (1 + len(shown) if stopped else len(shown))
+        target.commit_path(path[:kept]) if path else target.commit(kept)
+        return shown, stopped
 
     @staticmethod
     def _verify_tree(logits, tokens: list[int], nodes: list[int], context: list[int], params: GenerationParams,
@@ -246,7 +248,7 @@ class Session:
             return "length", f"context window of {target.max_len} tokens is full"
         return None
 
-    def _show(self, shown: list[int], drafted: int, proposed: int, stream, figures: ReplyStats) -> Iterator[Event]:
+    def _emit(self, shown: list[int], drafted: int, proposed: int, stream, figures: ReplyStats) -> Iterator[Event]:
         """Count a round and stream its shown tokens; the first `drafted` of them were accepted guesses."""
         figures.round(proposed, len(shown), drafted)
         self.reply_ids += shown
@@ -265,6 +267,9 @@ class Session:
         """The prompt's token ids (the generator's return value), leaving out old turns when the
         conversation outgrows the window; says so by a Notice when that changes."""
         tokenizer, window = self.engine.tokenizer, self.engine.context_window
+        if self.raw:  # BOS first when the model wants it (Gemma), as llama.cpp's raw mode
+            text = messages[-1]["content"]
+            return tokenizer.encode_raw(text) if hasattr(tokenizer, "encode_raw") else tokenizer.encode(text)
         head: list[dict[str, str]] = []
         if messages and messages[0]["role"] == "system":
             head, messages = messages[:1], messages[1:]

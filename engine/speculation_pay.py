@@ -1,12 +1,13 @@
-"""Whether speculation pays: the measured cost of a target pass by its length, the draft length that
-maximises expected tokens per second, and the `auto` mode's decisions to pause and resume drafting in a reply.
+"""How much a reply drafts each round: the measured cost of a target pass by its length, the draft length that
+maximises expected tokens per second, the `auto` mode's decisions to pause and resume drafting, and the policy
+that holds them for one reply (`SpeculationPolicy`).
 
 Why measured, not assumed: what a k-token verification pass costs against a 1-token pass depends on
 the device, the kernels and the context depth (on the 2-core CPU a 17-token pass at 2,000 tokens of
 context cost 6.9x a 1-token pass). Why medians: a neighbouring process, a page fault or the drafter's
 first round (indexing a pasted document) makes single rounds many times dearer; a moving average
-follows such a stall, a median of recent passes does not (issue 33: `auto` paused a drafter worth 1.45x
-because a few slow rounds said so). Every choice here uses only rounds already run, so it changes how
+follows such a stall, a median of recent passes does not (a verdict from a few rounds' wall time once paused
+a drafter worth 1.45x). Every choice here uses only rounds already run, so it changes how
 many tokens a pass verifies, never which tokens are emitted.
 """
 
@@ -16,6 +17,11 @@ from collections import deque
 from collections.abc import Sequence
 from itertools import combinations
 from statistics import median
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .params import GenerationParams
+    from .speculative import Drafter, Proposal
 
 PRIOR_SLOPE = 0.15  # the cost of one more verified token, in 1-token passes, before any is measured
 SAMPLES = 31  # passes (and drafting times) each median is taken over: the most recent ones
@@ -220,3 +226,107 @@ class PayCheck:
         self._recent.clear()
         self._shadows.clear()
         self._shadow = None
+
+
+class AdaptiveDraftLength:
+    """How many tokens to draft next round: k in [1, k_max] (k_max <= 16), or 0 while paused.
+
+    k doubles after a fully accepted round (a long span copied from a pasted document reaches 16 in
+    a few rounds) and drops to just past what was accepted after a rejection. A drafter that keeps
+    missing entirely is paused: after `patience` rounds in a row with nothing accepted, drafting stops
+    for 1 round, then after each further fruitless try for 2, 4, ... up to `max_pause` rounds (any
+    accepted token resets this), so a useless drafter costs little
+    more than plain decoding (each failed guess makes the target verify a longer, dearer pass). The
+    decision uses only past rounds, so it never biases what is emitted.
+    """
+
+    def __init__(self, k_max: int, k: int | None = None, patience: int = 3, max_pause: int = 32) -> None:
+        self.k_max = k_max
+        self._k = max(1, min(k or 4, k_max, 16))
+        self.patience, self.max_pause = patience, max_pause
+        self._misses = 0  # consecutive drafted rounds with nothing accepted
+        self._pause = 0  # rounds left without drafting
+        self._next_pause = 1
+
+    @property
+    def k(self) -> int:
+        return 0 if self._pause else max(1, min(self._k, self.k_max, 16))
+
+    def update(self, proposed: int, accepted: int) -> None:
+        if proposed == 0:
+            self._pause = max(0, self._pause - 1)
+            return
+        if accepted == 0:
+            self._misses += 1
+            # a drafter already paused once gets one try per resumption, not `patience`
+            if self._misses >= (self.patience if self._next_pause == 1 else 1):
+                self._pause, self._misses = self._next_pause, 0
+                self._next_pause = min(2 * self._next_pause, self.max_pause)
+        else:
+            self._misses, self._next_pause = 0, 1
+        if accepted == proposed:
+            self._k = min(max(self._k, proposed) * 2, 16)
+        else:
+            self._k = max(1, min(self._k - 1, accepted + 1))
+
+
+class SpeculationPolicy:
+    """What one reply drafts each round, from what its earlier rounds measured: the draft length
+    (`AdaptiveDraftLength`), `auto`'s verdict (`PayCheck`) and its shadow guesses while paused, and how well the
+    drafter's scores have predicted what landed (the calibration its scores are scaled by before the scheduler
+    weighs them against the pass cost)."""
+
+    def __init__(self, cost: PassCost, k_max: int) -> None:
+        self.length = AdaptiveDraftLength(k_max)
+        self.pay = PayCheck(cost)
+        self._landed, self._expected = 0, 0.0  # guesses landed, and what the drafter's scores expected
+        self._shadow: list[int] = []  # this round's shadow guesses (paused `auto`, a cheap drafter)
+
+    @property
+    def calibration(self) -> float:
+        return (self._landed + 1) / (self._expected + 1)
+
+    @property
+    def note(self) -> str:
+        """Why drafting is paused, in plain words ("" while it is on)."""
+        return self.pay.note
+
+    def plan(self, drafter: Drafter | None, context: list[int], params: GenerationParams, room: int) -> int:
+        """How many tokens `drafter` guesses this round (0: a plain round); `room`: the most the reply's budget
+        and the window leave. Paused `auto` runs plain rounds, or one that measures a 1-token pass to compare
+        with; a cheap drafter then guesses anyway, for plain decoding to judge (`learn`)."""
+        self._shadow = []
+        self.length.k_max = params.draft_tokens
+        if drafter is None:
+            return 0
+        if params.speculation == "auto" and (self.pay.needs_plain_round or not self.pay.pays()):
+            if self.pay.shadowing and drafter.cheap:
+                self._shadow = self._shadow_guesses(drafter, context, min(params.draft_tokens, room), params)
+            return 0
+        return min(self.length.k, room)
+
+    def scores(self, guess: Proposal) -> list[float]:
+        """The chance that each prefix of `guess` lands, as this reply's guesses have landed so far."""
+        return [min(1.0, s * self.calibration) for s in guess.scores or ()]
+
+    def learn(self, guess: Proposal, new: list[int], depth: int, seconds: float) -> None:
+        """A round ran: `guess` verified (`depth` levels deep), `new` the tokens it decided; `seconds` from the
+        round's start to its pass (drafting, a shadow's drafting, or a plain round's bookkeeping)."""
+        self.pay.shadow(self._shadow, seconds)
+        self.length.update(depth, len(new) - 1)
+        self.pay.add(len(guess), len(new), seconds)
+        self.pay.saw(new)
+        if guess.scores:
+            self._landed += len(new) - 1
+            self._expected += sum(guess.scores)
+
+    def _shadow_guesses(self, drafter: Drafter, context: list[int], k: int, params: GenerationParams) -> list[int]:
+        """A cheap drafter's chain of guesses for `context`, cut to those a drafted round would verify."""
+        if k <= 0:
+            return []
+        guess = drafter.propose(context, k, params)
+        if guess.parents is not None:
+            return []  # a tree: not judged by shadows (`auto` drafts chains)
+        if guess.scores:
+            guess = guess.first(max(1, best_length(guess.scores, self.pay.cost, self.calibration)))
+        return guess.tokens

@@ -317,7 +317,7 @@ class DraftModel:
         shell.norm = target.norm
         shell.lm_head = target.lm_head
         shell.inv_freq = target.inv_freq
-        if hasattr(target, "inv_freq_local"):  # Gemma 3's sliding-window layers
+        if target.config.local_rope:  # Gemma 3's sliding-window layers have their own rope base
             shell.inv_freq_local = target.inv_freq_local
         kw.setdefault("name", f"self:{n_layers}")
         return cls(shell, tokenizer, tokenizer, vocab_size=target.config.vocab_size,
@@ -390,45 +390,3 @@ def load_draft(spec: str, target: Transformer, target_files, tokenizer, *, progr
     return DraftModel(model, draft_tokenizer, tokenizer, vocab_size=target.config.vocab_size, name=spec,
                       native=prepare_for_device(model, native=native, progress=progress,
                                                 packed_dir=files.path if files.kind == "dir" else None))
-
-
-class AdaptiveDraftLength:
-    """How many tokens to draft next round: k in [1, k_max] (k_max <= 16), or 0 while paused.
-
-    k doubles after a fully accepted round (a long span copied from a pasted document reaches 16 in
-    a few rounds) and drops to just past what was accepted after a rejection. A drafter that keeps
-    missing entirely is paused: after `patience` rounds in a row with nothing accepted, drafting stops
-    for 1 round, then after each further fruitless try for 2, 4, ... up to `max_pause` rounds (any
-    accepted token resets this), so a useless drafter costs little
-    more than plain decoding (each failed guess makes the target verify a longer, dearer pass). The
-    decision uses only past rounds, so it never biases what is emitted.
-    """
-
-    def __init__(self, k_max: int, k: int | None = None, patience: int = 3, max_pause: int = 32) -> None:
-        self.k_max = k_max
-        self._k = max(1, min(k or 4, k_max, 16))
-        self.patience, self.max_pause = patience, max_pause
-        self._misses = 0  # consecutive drafted rounds with nothing accepted
-        self._pause = 0  # rounds left without drafting
-        self._next_pause = 1
-
-    @property
-    def k(self) -> int:
-        return 0 if self._pause else max(1, min(self._k, self.k_max, 16))
-
-    def update(self, proposed: int, accepted: int) -> None:
-        if proposed == 0:
-            self._pause = max(0, self._pause - 1)
-            return
-        if accepted == 0:
-            self._misses += 1
-            # a drafter already paused once gets one try per resumption, not `patience`
-            if self._misses >= (self.patience if self._next_pause == 1 else 1):
-                self._pause, self._misses = self._next_pause, 0
-                self._next_pause = min(2 * self._next_pause, self.max_pause)
-        else:
-            self._misses, self._next_pause = 0, 1
-        if accepted == proposed:
-            self._k = min(max(self._k, proposed) * 2, 16)
-        else:
-            self._k = max(1, min(self._k - 1, accepted + 1))

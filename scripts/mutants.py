@@ -126,8 +126,8 @@ MUTANTS: list[Mutant] = [
            "self._shadows.append((len(guesses), matched + 1))",
            "self._shadows.append((len(guesses), matched))",
            ("tests/test_speculation_pay_choices.py",)),
-    Mutant("session-shadow-guesses-never-scored", "engine/session.py",
-           "            pay.saw(new)\n",
+    Mutant("session-shadow-guesses-never-scored", "engine/speculation_pay.py",
+           "        self.pay.saw(new)\n",
            "",
            ("tests/test_auto_speculation_pauses_and_resumes.py",)),
     # -- the native step --

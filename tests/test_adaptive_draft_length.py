@@ -1,7 +1,7 @@
 """The draft length grows on full acceptance, shrinks on rejection, stays within 1..16 (and the live
 k_max), and a drafter that keeps missing is paused with a doubling back-off, then tried again."""
 
-from parley.engine.speculative import AdaptiveDraftLength
+from parley.engine.speculation_pay import AdaptiveDraftLength
 
 
 def test_grows_to_the_bound_and_shrinks_past_what_was_accepted():

@@ -32,12 +32,12 @@ from test_speculative_output_law import (
 )
 
 import parley.engine.scheduler as scheduler_module
-import parley.engine.session as session_module
+import parley.engine.speculation_pay as speculation_pay
 from parley.engine.engine import Engine
 from parley.engine.events import Done, Stats, TextDelta
 from parley.engine.sampling import probs
-from parley.engine.speculation_pay import PassCost
-from parley.engine.speculative import AdaptiveDraftLength, SuffixMatch
+from parley.engine.speculation_pay import AdaptiveDraftLength, PassCost
+from parley.engine.speculative import SuffixMatch
 from parley.kernels import native
 from parley.models.native_step import NativeStep
 
@@ -79,7 +79,7 @@ def test_tree_verified_replies_follow_the_target_law(engine, params, monkeypatch
     monkeypatch.setattr(scheduler_module, "round_clock", itertools.count().__next__)
     # and every reply starts at the longest draft, so the first round's tree is 8 nodes deep enough to repeat a
     # token it guessed (the penalty of its rows then depends on the path emitted before them)
-    monkeypatch.setattr(session_module, "AdaptiveDraftLength", lambda k_max: AdaptiveDraftLength(k_max, k=k_max))
+    monkeypatch.setattr(speculation_pay, "AdaptiveDraftLength", lambda k_max: AdaptiveDraftLength(k_max, k=k_max))
     engine.pass_cost = PassCost()
     counts, proposed, accepted, branches = Counter(), 0, 0, 0
     commit_path = engine.target.commit_path

@@ -468,7 +468,7 @@ class Handler(BaseHTTPRequestHandler):
 
         engine = self.server.engine
         if req.prompt is not None:  # raw text: the same loop over a tokenizer that takes the text as it is
-            session = raw_session(engine)
+            session = engine.session(raw=True)
             messages = [{"role": "user", "content": req.prompt}]
         else:
             session, messages = engine.session(None), req.messages
@@ -881,39 +881,3 @@ class StopMatcher:
     def flush(self) -> str:
         held, self.held = self.held, ""
         return held
-
-
-class _TextPrompt:
-    """The engine seen through a tokenizer that takes the prompt text as it is (no chat template): a `Session`
-    over it continues raw text (/v1/completions, continue_final_message) with the same loop, prefix cache and
-    speculation as a chat reply."""
-
-    def __init__(self, engine: Any) -> None:
-        self._engine = engine
-        self.tokenizer = _RawTokenizer(engine.tokenizer)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-
-def raw_session(engine: Any) -> Any:
-    """A Session continuing raw text (no chat template): /v1/completions and `parley generate --raw`."""
-    from parley.engine.session import Session
-
-    return Session(_TextPrompt(engine), None)
-
-
-class _RawTokenizer:
-    template_note = None  # no chat template is rendered here
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
-
-    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
-                    cancel=None) -> list[int]:
-        text = messages[-1]["content"]  # BOS first when the model wants it (Gemma), as llama.cpp's raw mode
-        return self._tokenizer.encode_raw(text) if hasattr(self._tokenizer, "encode_raw") else \
-            self._tokenizer.encode(text)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._tokenizer, name)
