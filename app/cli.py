@@ -33,7 +33,9 @@ def _summary(name: str) -> str:
     """A module's first docstring line, read without importing it (benches import torch)."""
     spec = importlib.util.find_spec(f"parley.app.{name}")
     try:
-        doc = ast.get_docstring(ast.parse(Path(spec.origin).read_text(encoding="utf-8"))) if spec else None
+        text = Path(spec.origin).read_text(encoding="utf-8") if spec else ""
+        head = re.match(r'\s*(?:#[^\n]*\n\s*)*[rRuU]?(?:"""|\'\'\').*?(?:"""|\'\'\')', text, re.S)  # the docstring only
+        doc = ast.get_docstring(ast.parse(head.group(0))) if head else None
     except (OSError, SyntaxError, ValueError):
         doc = None
     return (doc or "").strip().splitlines()[0] if doc else ""

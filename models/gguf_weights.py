@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 import struct
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,11 +67,36 @@ class GGUFFile:
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 
 
 def open_gguf(path: str | Path) -> GGUFFile:
-    """Parse a GGUF file's header; a clear error when it is missing, truncated or not GGUF at all."""
+    """Parse a GGUF file's header; a clear error when it is missing, truncated or not GGUF at all.
+
+    A start reads the header twice (the config, then the tokenizer): the last file parsed is kept, by its
+    path, size, modification time and inode, and handed out again with a metadata dict of its own. A file
+    modified in the last few seconds is parsed every time (git's rule for racy timestamps: a rewrite within
+    the clock's granularity could keep all four)."""
     path = Path(path)
+    try:
+        st = path.stat()
+        stamp = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+        if time.time_ns() - st.st_mtime_ns < 3_000_000_000:
+            stamp = None
+    except OSError:
+        stamp = None
+    if stamp is not None and _last[0] == stamp:
+        file = _last[1]
+        return GGUFFile(path, dict(file.metadata), file.tensors)
+    file = _open(path)
+    _last[:] = [stamp, file]
+    return GGUFFile(path, dict(file.metadata), file.tensors)
+
+
+_last: list = [None, None]  # (stamp, GGUFFile) of the last file parsed
+
+
+def _open(path: Path) -> GGUFFile:
     try:
         buf = np.memmap(path, dtype=np.uint8, mode="r")
     except FileNotFoundError:
@@ -137,7 +163,22 @@ def _parse(path: Path, buf: np.ndarray) -> GGUFFile:
             out = np.frombuffer(mem[pos:end], dtype=dtype).tolist()
             pos = end
             return out
+        if item == _STRING:  # a vocabulary's tokens and merges: ~100k strings, in one tight loop
+            return strings(count)
         return [value(item, depth + 1) for _ in range(count)]
+
+    def strings(count: int) -> list[str]:
+        nonlocal pos
+        out, at, end, length = [], pos, len(mem), _U64.unpack_from
+        for _ in range(count):
+            n = length(mem, at)[0]
+            at += 8
+            if at + n > end:
+                raise ValueError("string runs past the end of the file")
+            out.append(str(mem[at : at + n], "utf-8"))
+            at += n
+        pos = at
+        return out
 
     if bytes(mem[:4]) != b"GGUF":
         raise ValueError("no GGUF magic at the start")

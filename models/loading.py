@@ -85,7 +85,7 @@ def load_model(files: ModelFiles, dtype: torch.dtype = torch.float32,
     weights = safetensors_weights(files.path, device)
     if config.norm_unit_offset:  # Gemma stores w for a gain of 1 + w; the model holds the gain
         weights = ((n, t.float() + 1 if is_norm_weight(n) else t) for n, t in weights)
-    model = assemble(config, weights, dtype, device, str(files.path), group_size)
+    model = assemble(config, weights, dtype, device, str(files.path), group_size, check_values=not files.verified)
     if group_size is not None:  # Parley's own quantization keeps a rotated down_proj beside the standard one
         from .quantize import hadamard
 
@@ -136,11 +136,13 @@ def _no_random_init() -> Iterator[None]:
 
 @torch.no_grad()
 def assemble(config: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype,
-             device: torch.device | str, source: str, group_size: int | None = None) -> Transformer:
+             device: torch.device | str, source: str, group_size: int | None = None,
+             check_values: bool = True) -> Transformer:
     """Build the model on the meta device (nothing allocated), then place each checkpoint tensor into it.
 
     `group_size` set: an AWQ checkpoint. Each decoder linear whose `qweight` the checkpoint holds becomes
-    an Int4Linear; linears stored unquantized (`modules_to_not_convert`) stay nn.Linear.
+    an Int4Linear; linears stored unquantized (`modules_to_not_convert`) stay nn.Linear. `check_values=False`
+    (a cache folder that matched its manifest): dtypes are still checked, the scan for NaN and infinities is not.
     """
     try:
         with torch.device("meta"), _no_random_init():
@@ -178,7 +180,7 @@ def assemble(config: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], d
                 f"{source}: tensor {name} has shape {tuple(tensor.shape)}, the config implies "
                 f"{tuple(expected[name])}; the weights and the config disagree, re-download the model"
             )
-        _check_values(name, tensor, source)
+        _check_values(name, tensor, source, check_values)
         if tensor.is_floating_point():  # INT4 scales stay fp16, as the kernels read them; packed ints as stored
             tensor = tensor.to(torch.float16 if name.endswith((".scales", ".mins")) else dtype)
         placed[name] = tensor.to(device)
@@ -201,7 +203,7 @@ def assemble(config: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], d
     return model.eval()
 
 
-def _check_values(name: str, tensor: torch.Tensor, source: str) -> None:
+def _check_values(name: str, tensor: torch.Tensor, source: str, finite: bool = True) -> None:
     """Packed INT4 tensors are int32, everything else floating point and finite: a damaged file fails here,
     by name, not as NaN logits ("the model produced no text") later."""
     packed = name.endswith((".qweight", ".qzeros"))
@@ -209,7 +211,7 @@ def _check_values(name: str, tensor: torch.Tensor, source: str) -> None:
         expected = "int32 (packed INT4)" if packed else "floating point"
         raise ModelLoadError(f"{source}: tensor {name} is stored as {str(tensor.dtype).removeprefix('torch.')}, "
                              f"expected {expected}; the file is damaged or not this model's, re-download it")
-    if not packed and not bool(torch.isfinite(tensor).all()):
+    if finite and not packed and not bool(torch.isfinite(tensor).all()):
         raise ModelLoadError(f"{source}: tensor {name} holds NaN or infinite values; the file is damaged, "
                              "re-download the model")
 

@@ -57,6 +57,9 @@ class ModelFiles:
     path: Path
     repo_id: str | None = None  # set when the files came from the hub
     revision: str | None = None  # the commit sha the hub resolved the revision to
+    # a Parley cache folder whose every file matched its manifest's sha256 just now: its values were checked
+    # when it was written, so loading does not scan them again
+    verified: bool = False
 
 
 def embedded_model_path() -> Path:

@@ -199,7 +199,7 @@ def ensure_quantized(files: ModelFiles, *, group_size: int = 128, calib: str | l
                 key, folder, tier = other_key, folder_for(other_key), other
                 break
     result = ModelFiles(ref=f"{files.ref} (AWQ INT4)", kind="dir", path=folder, repo_id=files.repo_id,
-                        revision=files.revision)
+                        revision=files.revision, verified=True)  # `verify` passed: its values were checked
     if folder.exists() and not rebuild and verify(folder, key) is None:
         return result
     try:
@@ -229,7 +229,7 @@ def ensure_quantized(files: ModelFiles, *, group_size: int = 128, calib: str | l
             f"{folder.parent}: cannot write the quantized model ({why}); free some space or make it "
             f"writable, or set {CACHE_ENV} to a folder on another disk (nothing partial was kept{resume})"
         ) from None
-    return result
+    return dataclasses.replace(result, verified=False)  # just built: loading checks its values once
 
 
 def _write_error(e: OSError | SafetensorError) -> tuple[int | None, str]:

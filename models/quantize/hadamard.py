@@ -139,7 +139,7 @@ def apply(model: nn.Module, folder: Path) -> bool:
         old = layer.mlp.down_proj
         if not isinstance(old, Int4Linear):
             raise ModelLoadError(f"{path}: layer {i}'s down_proj is not INT4 in the folder; re-quantize it")
-        new = Int4Linear(old.in_features, old.out_features, old.group_size, device=old.qweight.device)
+        new = Int4Linear(old.in_features, old.out_features, old.group_size, device="meta")  # filled below
         for k, t in new.state_dict().items():
             got = tensors.pop(f"layers.{i}.mlp.down_proj.{k}", None)
             if got is None or got.shape != t.shape or got.dtype != t.dtype:
@@ -148,7 +148,7 @@ def apply(model: nn.Module, folder: Path) -> bool:
             if got.is_floating_point() and not bool(torch.isfinite(got).all()):
                 raise ModelLoadError(f"{path}: layers.{i}.mlp.down_proj.{k} holds NaN or infinite values; "
                                      "re-quantize with `parley quantize --rebuild`")
-            setattr(new, k, got.to(t.device))
+            setattr(new, k, got.to(old.qweight.device))
         swaps.append(new)
     if tensors:
         raise ModelLoadError(f"{path}: unexpected tensors, e.g. {next(iter(tensors))!r}; re-quantize it")
