@@ -22,6 +22,7 @@ BENCHES = {
     "quality": "bench.quality",
     "serve": "bench.serve",
     "speculative": "bench.speculative",
+    "startup": "bench.startup",
 }
 
 
