@@ -18,6 +18,7 @@ from pathlib import Path
 BENCHES = {
     "decode": "bench.decode",
     "faults": "bench.faults",
+    "gpu": "bench.gpu",
     "kernels": "bench.kernels",
     "passes": "bench.passes",
     "quality": "bench.quality",
