@@ -13,10 +13,12 @@ import sys
 import time
 from pathlib import Path
 
-# Subcommands implemented in their own modules (`add_arguments(parser)`, `run(args) -> int`).
+# Subcommands implemented in their own modules (`add_arguments(parser)`, `run(args) -> int`), named under `parley`:
+# the `parley bench` commands are the `bench` package's, reached only by name, so that app never imports bench.
 BENCHES = {
     "decode": "bench.decode",
     "faults": "bench.faults",
+    "gpu": "bench.gpu",
     "kernels": "bench.kernels",
     "passes": "bench.passes",
     "quality": "bench.quality",
@@ -27,12 +29,12 @@ BENCHES = {
 
 
 def _module(name: str):
-    return importlib.import_module(f"parley.app.{name}")
+    return importlib.import_module(f"parley.{name}")
 
 
 def _summary(name: str) -> str:
     """A module's first docstring line, read without importing it (benches import torch)."""
-    spec = importlib.util.find_spec(f"parley.app.{name}")
+    spec = importlib.util.find_spec(f"parley.{name}")
     try:
         text = Path(spec.origin).read_text(encoding="utf-8") if spec else ""
         head = re.match(r'\s*(?:#[^\n]*\n\s*)*[rRuU]?(?:"""|\'\'\').*?(?:"""|\'\'\')', text, re.S)  # the docstring only
@@ -171,23 +173,24 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     them when `argv` is None), so `parley --help` stays free of torch."""
     parser = argparse.ArgumentParser(prog="parley", description=__doc__)
     sub = parser.add_subparsers(dest="command")
-    commands = {"chat": "tui", "generate": "generate", "quantize": "cli_quantize", "web": "server.web",
-                "serve": "server.api"}
+    commands = {"chat": "app.tui", "generate": "app.generate", "quantize": "app.cli_quantize",
+                "web": "app.server.web", "serve": "app.server.api"}
     wanted = None if argv is None else commands.get(argv[0] if argv else "")
     if argv is not None and len(argv) > 1 and argv[0] == "bench":
         wanted = BENCHES.get(argv[1])
 
-    add_module_command(sub, "chat", "tui", "open the chat app (the default)", load=argv is None or wanted == "tui")
+    add_module_command(sub, "chat", "app.tui", "open the chat app (the default)",
+                       load=argv is None or wanted == "app.tui")
 
-    add_module_command(sub, "generate", "generate", "answer one prompt headlessly, streaming to stdout",
-                       load=argv is None or wanted == "generate")
+    add_module_command(sub, "generate", "app.generate", "answer one prompt headlessly, streaming to stdout",
+                       load=argv is None or wanted == "app.generate")
 
-    add_module_command(sub, "web", "server.web", "serve the chat app in a browser (127.0.0.1)",
-                       load=argv is None or wanted == "server.web")
-    add_module_command(sub, "quantize", "cli_quantize", "AWQ-quantize a model into the Parley cache",
-                       load=argv is None or wanted == "cli_quantize")
-    add_module_command(sub, "serve", "server.api", "serve the local engine as an OpenAI-compatible HTTP API",
-                       load=argv is None or wanted == "server.api")
+    add_module_command(sub, "web", "app.server.web", "serve the chat app in a browser (127.0.0.1)",
+                       load=argv is None or wanted == "app.server.web")
+    add_module_command(sub, "quantize", "app.cli_quantize", "AWQ-quantize a model into the Parley cache",
+                       load=argv is None or wanted == "app.cli_quantize")
+    add_module_command(sub, "serve", "app.server.api", "serve the local engine as an OpenAI-compatible HTTP API",
+                       load=argv is None or wanted == "app.server.api")
     bench = sub.add_parser("bench", help="print speed / quality / reliability figures")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     for name, module in BENCHES.items():

@@ -54,7 +54,7 @@
 // never in the shipped build, where both macros below are empty). Each `omp for` of a pass then drops its
 // implicit barrier (PARLEY_NOWAIT) and the phase ends in `prof_phase`: the thread's time since its previous
 // phase ended counts as that phase's work, its time in the barrier as its wait. `parley_profile` reads and
-// resets the sums (seconds per thread and phase; app/bench/passes.py --profile prints them).
+// resets the sums (seconds per thread and phase; bench/passes.py --profile prints them).
 enum { PH_NORM, PH_QKV, PH_ROPE, PH_ATTEND, PH_MERGE, PH_O, PH_NORM2, PH_GATE_UP, PH_SILU, PH_DOWN, PH_POST,
        PH_HEAD_QUANT, PH_HEAD, PH_COUNT };
 #ifdef PARLEY_PROFILE

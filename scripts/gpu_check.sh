@@ -2,7 +2,7 @@
 # Every GPU figure in one short run (<= 8 minutes), for a bare offline GPU machine: only this repository
 # and a Python with torch (CUDA build) and Triton. No .venv, no model files, no network, no gguf.
 # Prints one JSON object on stdout (progress on stderr) and keeps a copy in $OUT (default: a temp dir).
-#   scripts/gpu_check.sh            the full check (see scripts/gpu_check.py for the sections)
+#   scripts/gpu_check.sh            the full check: `parley bench gpu` (bench/gpu.py lists the sections)
 #   scripts/gpu_check.sh --dry      the same Python on CPU at toy shapes, Triton interpreted
 #   scripts/gpu_check.sh --only load_8b,quantize_8b,decode_8b
 #                                   the Llama-3.1-8B shape alone (~4 minutes: a full run reaches it only
@@ -30,7 +30,7 @@ fi
 # that limit ends the run, the sections finished so far are printed (marked "incomplete").
 export GPU_CHECK_PARTIAL="$OUT/gpu_check.partial.json"
 status=0
-timeout -k 10 480 "$PY" "$repo/scripts/gpu_check.py" "$@" --budget-s 420 > "$OUT/gpu_check.json" \
+timeout -k 10 480 "$PY" -m parley.app.cli bench gpu "$@" --budget-s 420 > "$OUT/gpu_check.json" \
   2> >(tee "$OUT/gpu_check.log" >&2) || status=$?
 if [ -s "$OUT/gpu_check.json" ]; then
   cat "$OUT/gpu_check.json"

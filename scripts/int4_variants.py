@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from parley.app.bench.quality import HELDOUT_DIR, dequantized, perplexity
+from parley.bench.quality import HELDOUT_DIR, dequantized, perplexity
 from parley.models.loading import load_model
 from parley.models.quantize import awq, hadamard
 from parley.models.quantize.calibration import builtin_files, load_calibration

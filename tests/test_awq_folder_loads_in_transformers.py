@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from test_awq_checkpoint_loads import tokenizer_files
 from test_awq_pack_roundtrip import dequantize_independent
 
-from parley.app.bench.quality import dequantized
+from parley.bench.quality import dequantized
 from parley.models.loading import load_model
 from parley.models.quantize.awq import AWQSettings, awq_quantize
 from parley.models.quantize.checkpoint import save_awq

@@ -26,7 +26,7 @@ def test_random_weights_bench_prints_one_json_object():
 
 def test_llama_cpp_figures_sit_beside_parley_as_ratios(tmp_path):
     """--llama-cpp runs the peer script once and divides Parley's figure of the same kind by each of its figures."""
-    from parley.app.bench.decode import llama_cpp_figures, peer_ratios
+    from parley.bench.decode import llama_cpp_figures, peer_ratios
 
     script = tmp_path / "peer.sh"
     script.write_text('#!/bin/sh\necho "building..."\n'

@@ -55,7 +55,7 @@ def test_llama_bench_runs_on_the_model_file_parley_loaded(tmp_path):
 
 
 def test_a_missing_llama_bench_is_one_clear_error(tmp_path):
-    from parley.app.bench.decode import llama_bench_figures, llama_bench_path
+    from parley.bench.decode import llama_bench_figures, llama_bench_path
 
     assert llama_bench_path(str(tmp_path / "llama-bench"), None) == str(tmp_path / "llama-bench")
     assert llama_bench_path("x/llama_cpp.sh", "y/llama-bench") == "y/llama-bench"

@@ -57,7 +57,7 @@ def test_llama_cpp_runs_q4_0_and_q4_k_m_quantized_from_the_same_checkpoint(tmp_p
     assert report["engines"]["awq/native/kv=auto"]["quantization"] == "rtn-int4"
 
     # the file llama-quantize read holds the checkpoint's weights (names mapped, q/k rows permuted back)
-    from parley.app.bench.random_weights import checkpoint, root
+    from parley.bench.random_weights import checkpoint, root
     from parley.models.loading import load_model
     from parley.models.resolve import ModelFiles
 
@@ -68,7 +68,7 @@ def test_llama_cpp_runs_q4_0_and_q4_k_m_quantized_from_the_same_checkpoint(tmp_p
     assert all(torch.equal(ref[k], got[k]) for k in ref), [k for k in ref if not torch.equal(ref[k], got[k])]
 
     # asked again, the files are reused: no second quantization
-    from parley.app.bench.random_weights import llama_cpp_files
+    from parley.bench.random_weights import llama_cpp_files
 
     assert set(llama_cpp_files("small", str(bin_dir / "llama-quantize"))) == {"Q4_0", "Q4_K_M"}
     assert len([c for c in map(json.loads, log.read_text().splitlines()) if c[0] == "quantize"]) == 2

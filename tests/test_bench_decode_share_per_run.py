@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from parley.app.bench.decode import decode_runs
+from parley.bench.decode import decode_runs
 
 
 class FakeEngine:

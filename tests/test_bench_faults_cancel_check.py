@@ -7,7 +7,7 @@ broken engine gets 10 points (4 mismatches with this seed)."""
 
 from real_engines import fresh
 
-from parley.app.bench.faults import cancel_check
+from parley.bench.faults import cancel_check
 from parley.engine import session
 
 SEED, BROKEN_SEED = 1, 3

@@ -7,7 +7,7 @@ import os
 
 from awq_tiny import outlier_model, write_hf_dir
 
-from parley.app.bench import quality as bench_quality
+from parley.bench import quality as bench_quality
 
 
 def run_bench(tmp_path, capsys, monkeypatch, *flags: str) -> dict:

@@ -8,7 +8,7 @@ import pytest
 from single_thread import single_thread  # noqa: F401
 from tiny import tiny_engine
 
-from parley.app.bench import speculative as bench_speculative
+from parley.bench import speculative as bench_speculative
 from parley.engine.engine import Engine
 
 
@@ -80,7 +80,7 @@ def test_documents_suite_json_per_document_median_and_worst(monkeypatch, capsys,
 
 
 def test_default_documents_are_at_least_eight_debian_texts():
-    from parley.app.bench import documents
+    from parley.bench import documents
 
     docs, notes = documents.suite()
     assert len(documents.SUITE) >= 8 and len(docs) + len(notes) == len(documents.SUITE)
@@ -88,7 +88,7 @@ def test_default_documents_are_at_least_eight_debian_texts():
 
 
 def test_a_documents_path_that_is_no_folder_is_one_line(tmp_path):
-    from parley.app.bench import documents
+    from parley.bench import documents
 
     with pytest.raises(SystemExit, match="not a folder"):
         documents.folder(str(tmp_path / "nope"))

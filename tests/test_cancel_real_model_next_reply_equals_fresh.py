@@ -7,7 +7,7 @@ the prompt and the tokens shown when the cancel landed. The 200-point figure of 
 import pytest
 from real_engines import QUANTS, fresh
 
-from parley.app.bench.faults import cancel_check
+from parley.bench.faults import cancel_check
 
 pytestmark = pytest.mark.slow
 # fp32 shares the native step (same arithmetic, other weight form), so it runs fewer.

@@ -26,7 +26,7 @@ def test_unsupported_device(capsys, device):
 
 def test_auto_device_is_accepted(capsys, monkeypatch):
     """`bench kernels` defaults to --device auto: the device check must let it through to the command."""
-    from parley.app.bench import kernels as bench_kernels
+    from parley.bench import kernels as bench_kernels
 
     seen = []
     monkeypatch.setattr(bench_kernels, "run", lambda args: seen.append(args.device) or 0)

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from test_awq_checkpoint_loads import tokenizer_files
 from test_awq_folder_loads_in_transformers import transformers_model
 
-from parley.app.bench.quality import dequantized
+from parley.bench.quality import dequantized
 from parley.models.errors import ModelLoadError
 from parley.models.loading import load_model
 from parley.models.quantize import hadamard

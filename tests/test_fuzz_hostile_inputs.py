@@ -1,4 +1,4 @@
-"""The seeded fuzzer (`app/bench/fuzz.py`) at a small budget: configs, GGUF headers, chat templates and HTTP
+"""The seeded fuzzer (`bench/fuzz.py`) at a small budget: configs, GGUF headers, chat templates and HTTP
 requests mutated from valid ones each end cleanly (a value, or a one-line error of the expected kind; no 500, no
 raw control character in the server's log). `parley bench faults --fuzz N` runs it at a large budget.
 
@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from parley.app.bench import fuzz
+from parley.bench import fuzz
 
 SEED = int(os.environ.get("PARLEY_FUZZ_SEED", "36"))
 BUDGET = {"config": 200, "gguf": 40, "template": 120, "http": 60}

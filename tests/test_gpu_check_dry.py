@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh works before a GPU ever sees it: its --dry mode runs the same Python on CPU
+"""scripts/gpu_check.sh works before a GPU ever sees it: its --dry mode runs `parley bench gpu` on CPU
 (Triton interpreted, toy shapes), from a bare checkout (the package imported through a link, as on the
 device), and prints one JSON object with every section and no section failing."""
 

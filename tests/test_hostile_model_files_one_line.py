@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from parley.app import cli
-from parley.app.bench.faults import FIX_WORDS, _generate_cmd, broken_inputs
+from parley.bench.faults import FIX_WORDS, _generate_cmd, broken_inputs
 
 ISSUE_36 = ("template-nested-list", "template-star-width", "config-model_type-list", "config-model_type-object",
             "config-layer_types-object", "config-layer_types-lists", "config-sliding_window_pattern-0",

@@ -47,7 +47,7 @@ def test_profile_build_is_batch_invariant_and_reports_every_phase(tmp_path: Path
 
 
 def test_shipped_build_says_it_has_no_timer() -> None:
-    from parley.app.bench.passes import phase_profile
+    from parley.bench.passes import phase_profile
 
     class Engine:  # only what phase_profile reads before it finds no timer
         native = type("Step", (), {"lib": native.load()})()

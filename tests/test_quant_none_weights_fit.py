@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from parley.app.bench.random_weights import shape_config
+from parley.bench.random_weights import shape_config
 from parley.models.errors import ModelLoadError
 from parley.models.weights_dtype import cpu_weights_dtype, int4_bytes, parameter_count
 
@@ -40,7 +40,7 @@ def test_bf16_checkpoints_stay_bf16_fp32_where_it_fits_else_bf16_else_one_line()
 
 
 def test_the_stored_dtype_is_read_from_the_checkpoint():
-    from parley.app.bench import random_weights as rw
+    from parley.bench import random_weights as rw
     from parley.models.resolve import ModelFiles, resolve
     from parley.models.weights_dtype import stored_dtype
 
@@ -52,7 +52,7 @@ def test_the_stored_dtype_is_read_from_the_checkpoint():
 def test_a_bf16_checkpoint_runs_bf16_on_the_native_step_with_fp32_arithmetic():
     """The bf16 weights are held as stored (no fp32 copy) and the native step's logits are those of the same
     bf16 values widened to fp32: the fp32 model built from the rounded weights gives the same logits."""
-    from parley.app.bench import random_weights as rw
+    from parley.bench import random_weights as rw
     from parley.engine.engine import Engine
     from parley.models.device_prep import prepare_for_device
     from parley.models.loading import load_model
@@ -72,7 +72,7 @@ def test_a_bf16_checkpoint_runs_bf16_on_the_native_step_with_fp32_arithmetic():
 
 
 def test_a_model_that_cannot_fit_is_refused_in_one_line_before_loading(tmp_path, monkeypatch):
-    from parley.app.bench import random_weights as rw
+    from parley.bench import random_weights as rw
 
     folder = rw.checkpoint("small")
     code = ("import sys; import parley.models.weights_dtype as w; w.available_bytes = lambda: 10**6; "

@@ -7,7 +7,7 @@ qwen2's biases kept, llama3 rope scaling stored as `rope_freqs`)."""
 import pytest
 import torch
 
-from parley.app.bench import random_weights as rw
+from parley.bench import random_weights as rw
 from parley.models.loading import load_model
 from parley.models.quantize.int4_linear import Int4Linear
 from parley.models.resolve import ModelFiles

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
-TOP_FOLDERS = ("app/", "engine/", "models/", "kernels/", "assets/", "scripts/", "tests/", "docs/", ".ci/")
+TOP_FOLDERS = ("app/", "bench/", "engine/", "models/", "kernels/", "assets/", "scripts/", "tests/", "docs/", ".ci/")
 
 
 def _section(text: str, heading: str) -> str:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fake_openai_server import fake_server
 
-from parley.app.bench.faults_network import hostile_server
+from parley.bench.faults_network import hostile_server
 from parley.engine.events import Done, TextDelta
 from parley.engine.params import GenerationParams
 from parley.engine.remote import MAX_QUIET_LINES, RemoteEngine, iter_sse, sse_lines

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from parley.app import cli
-from parley.app.bench.faults_network import hostile_server
+from parley.bench.faults_network import hostile_server
 from parley.engine import remote
 from parley.engine.events import Done, TextDelta
 from parley.engine.params import GenerationParams

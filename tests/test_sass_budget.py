@@ -24,7 +24,7 @@ def _can_compile_sm90() -> str | None:
         from triton.backends.compiler import GPUTarget  # noqa: F401
         from triton.compiler import ASTSource  # noqa: F401
 
-        from parley.app.bench.kernels import _triton_bin
+        from parley.bench.kernels import _triton_bin
 
         if not all(os.path.exists(_triton_bin(tool)) for tool in ("ptxas", "nvdisasm", "cuobjdump")):
             return "this Triton ships no ptxas/nvdisasm/cuobjdump: cannot compile for sm_90 offline"
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
 @pytest.fixture(scope="module")
 def configs() -> list[dict]:
-    from parley.app.bench.kernels import sass_report
+    from parley.bench.kernels import sass_report
 
     return sass_report("sm_90")["configs"]
 

@@ -15,8 +15,8 @@ import pytest
 from serve_fake_engine import serve_engine
 from serve_support import poll, running_server
 
-from parley.app.bench.faults_network import exchange
 from parley.app.server.api import make_server
+from parley.bench.faults_network import exchange
 
 OK = [{"role": "user", "content": "Hi"}]
 

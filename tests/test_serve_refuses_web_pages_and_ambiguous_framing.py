@@ -20,8 +20,8 @@ from serve_fake_engine import serve_engine
 from serve_support import running_server
 
 from parley.app import cli
-from parley.app.bench.faults_network import exchange
 from parley.app.server.api import host_names
+from parley.bench.faults_network import exchange
 
 BODY = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}).encode()
 SMUGGLED = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"

@@ -34,7 +34,7 @@ def document(name: str, start: str, chars: int = 4000) -> str:
 def suite_prompts() -> dict[str, str]:
     """Two documents of `parley bench speculative --documents`'s suite (Debian-shipped text the project never
     tuned on), where this machine has them."""
-    from parley.app.bench import documents
+    from parley.bench import documents
 
     texts = {name: documents.read(source) for name, source in documents.SUITE if name in ("man tar", "GPL-3")}
     return {name: "Summarise the following document, quoting its key commands and terms.\n\n"

@@ -107,7 +107,7 @@ def _bad_body(answer: bytes) -> str | None:
 
 
 def serve_cases(engine: Any, timeout: float) -> dict[str, Any]:
-    from ..server.api import make_server
+    from ..app.server.api import make_server  # app: the HTTP server is what these cases attack
 
     logged: list[str] = []
     stderr = io.StringIO()
@@ -278,9 +278,9 @@ EXPECTED_END = {"ignores max_tokens (200,000 chunks)": "length", "completion_tok
 
 
 def remote_cases(timeout: float) -> dict[str, Any]:
-    from ...engine.events import Done
-    from ...engine.params import GenerationParams
-    from ...engine.remote import RemoteEngine
+    from ..engine.events import Done
+    from ..engine.params import GenerationParams
+    from ..engine.remote import RemoteEngine
 
     ok = _events('{"choices": [{"delta": {"content": "ok"}, "finish_reason": "stop"}]}', "[DONE]")
     cases: list[tuple[str, Any, Callable[[socket.socket], None]]] = [
@@ -308,7 +308,7 @@ def remote_cases(timeout: float) -> dict[str, Any]:
             SSE_HEAD, b'data: {"choices": [{"delta": {"content": "w"}}]}\n\n', 200_000)),
         ("a 64 MB line", MODELS, _endless(SSE_HEAD + b"data: ", b"x" * (1 << 16), 1024)),
     ]
-    from ...engine import remote
+    from ..engine import remote
 
     results = []
     default_read = getattr(remote, "READ_TIMEOUT_S", None)

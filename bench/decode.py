@@ -192,7 +192,7 @@ def load_engine(args: argparse.Namespace, quant: str, kv: str, path: str):
         from .random_weights import random_engine
 
         return random_engine(args.random, quant, args.device, kv_cache=kv, native=path != "torch", log=_log)
-    from ..engine_from_args import engine_from_args
+    from ..app.engine_from_args import engine_from_args  # app: the model flags' one path to an engine, as users load
 
     return engine_from_args(args, quant=quant, kv_cache=kv, native=path != "torch", draft=None, compile=None)
 
@@ -326,7 +326,7 @@ def peer_ratios(engine: dict, peers: list[dict]) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...engine.threads import configure_threads
+    from ..engine.threads import configure_threads
 
     threads = configure_threads(args.threads)
     depths = [int(d) for d in args.depths.split(",") if d.strip()]

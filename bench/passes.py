@@ -63,7 +63,7 @@ def product_gmacs(engine, rows: list[int], repeats: int) -> dict:
     """One thread's GMAC/s over one layer's INT4 products at each row count, and the VNNI peak."""
     import torch
 
-    from ...kernels import native
+    from ..kernels import native
 
     step = engine.native
     if step is None:
@@ -203,8 +203,8 @@ def prefill_cpu(engine, ids: list[int], tokens: int, repeats: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...engine.engine import Engine
-    from ...engine.threads import configure_threads
+    from ..engine.engine import Engine
+    from ..engine.threads import configure_threads
 
     threads = configure_threads(args.threads)
     passes = sorted({int(t) for t in args.passes.split(",") if t.strip()} | {1})

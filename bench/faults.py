@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             results["remote"] = remote_cases(args.case_timeout)
             say(f"remote: {results['remote']['clean']}/{results['remote']['tried']} handled cleanly")
         if "soak" in only or "params" in only or "serve" in only:
-            from ...engine.engine import Engine
+            from ..engine.engine import Engine
 
             engine = Engine.load(None, quant="none", device="cpu")
             if "soak" in only:
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
 
             results["fuzz"] = fuzz(args.fuzz, args.seed, say=say)
         if "cancel" in only:
-            from ...engine.engine import Engine
+            from ..engine.engine import Engine
 
             engine = Engine.load(None, quant=args.quant, device="cpu")
             results["cancel"] = cancel_check(engine, args.cancels, args.seed, say)
@@ -188,7 +188,7 @@ def _quantize_cmd(model: str | None) -> list[str]:
 
 
 def kill_check(args: argparse.Namespace, root: Path, say: Callable[[str], None]) -> dict[str, Any]:
-    from ...models.quantize.cache import verify
+    from ..models.quantize.cache import verify
 
     env = {**os.environ, "PARLEY_CACHE_DIR": str(root / "cache"), "HF_HUB_OFFLINE": "1"}
     rng = random.Random(args.seed)
@@ -251,8 +251,8 @@ TOPICS = ("tea", "rivers", "clocks", "bread", "maps", "owls", "glass", "chess", 
 def soak_check(engine, turns: int, say: Callable[[str], None]) -> dict[str, Any]:
     import gc
 
-    from ...engine.events import consume
-    from ...engine.params import GenerationParams
+    from ..engine.events import consume
+    from ..engine.params import GenerationParams
 
     params = GenerationParams(temperature=0, max_new_tokens=12, speculation="auto")
     session = engine.session()
@@ -286,7 +286,7 @@ def soak_check(engine, turns: int, say: Callable[[str], None]) -> dict[str, Any]
 
 def collect(engine, messages, params, cancel_after: int | None = None) -> tuple[str, str]:
     """(shown text, how the reply ended), cancelling once `cancel_after` text deltas have been shown."""
-    from ...engine.events import consume
+    from ..engine.events import consume
 
     cancel = threading.Event()
 
@@ -303,12 +303,12 @@ def cancel_check(engine, points: int, seed: int, say: Callable[[str], None]) -> 
     shown deltas; then the next reply at temperature 0 against a fresh engine on the same weights."""
     from dataclasses import replace
 
-    from ...engine.engine import Engine
-    from ...engine.params import GenerationParams
+    from ..engine.engine import Engine
+    from ..engine.params import GenerationParams
 
     first_params = GenerationParams(temperature=0.8, max_new_tokens=16, speculation="auto")
     next_params = GenerationParams(temperature=0, max_new_tokens=8, speculation="off")
-    texts = [p.read_text() for p in sorted((Path(__file__).resolve().parents[2] / "assets" / "heldout").glob("*.txt"))]
+    texts = [p.read_text() for p in sorted((Path(__file__).resolve().parents[1] / "assets" / "heldout").glob("*.txt"))]
 
     def fresh() -> Engine:
         return engine.fresh()
@@ -343,8 +343,8 @@ INVALID = [("temperature", -1.0), ("temperature", 1e6), ("temperature", float("i
 
 
 def params_check(engine, trials: int, seed: int, say: Callable[[str], None]) -> dict[str, Any]:
-    from ...engine.events import consume
-    from ...engine.params import GenerationParams
+    from ..engine.events import consume
+    from ..engine.params import GenerationParams
 
     rng = random.Random(seed)
     crashes: list[str] = []
@@ -431,7 +431,7 @@ def _run_case(ref: Path, expected: list[str], timeout: float) -> tuple[str | Non
 
 def broken_inputs(root: Path) -> list[tuple[str, Path, list[str]]]:
     """(case, model ref, what the error must name) for every broken file this bench makes."""
-    from ...models.resolve import embedded_model_path
+    from ..models.resolve import embedded_model_path
 
     root.mkdir(parents=True, exist_ok=True)
     good = _tiny_model_dir(root / "good")
@@ -599,8 +599,8 @@ def _patch_u32(gguf: bytes, key: str, value: int) -> bytes:
 def _tiny_model_dir(out: Path, seed: int = 0) -> Path:
     """A 2-layer llama with small random weights (norms 1) and the embedded model's tokenizer, written by
     hand as safetensors (a JSON header and raw bytes) so this bench builds its cases without tensors."""
-    from ...models.quantize.cache import tokenizer_files
-    from ...models.resolve import resolve
+    from ..models.quantize.cache import tokenizer_files
+    from ..models.resolve import resolve
 
     out.mkdir(parents=True)
     tokenizer_files(resolve(None), out)

@@ -38,7 +38,7 @@ CHATS = ("Hi! What is a good name for a grey cat?", "What is the capital of Port
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .. import cli
+    from ..app import cli  # app: `parley serve`'s own model flags, passed on to it
 
     cli.add_model_arguments(p)
     p.add_argument("--clients", default="1,2,4,8", help="comma-separated numbers of clients at once")
@@ -151,8 +151,8 @@ class Server:
         self.log: deque[str] = deque(maxlen=200)
 
     def __enter__(self) -> Server:
-        from .. import cli
-        from ..server.web import flags
+        from ..app import cli  # app: the model flags given here, as `parley serve` reads them
+        from ..app.server.web import flags
 
         model_flags = flags(self.args, cli.add_model_arguments, skip=("parallel",))
         self.proc = subprocess.Popen(

@@ -79,7 +79,7 @@ CONFIG_FIELDS = [*BASE_CONFIG, "head_dim", "rope_scaling", "rope_parameters", "l
 
 
 def config_case(rng: random.Random) -> Callable[[], Any]:
-    from ...models.config import ModelConfig
+    from ..models.config import ModelConfig
 
     cfg: Any = dict(BASE_CONFIG)
     if rng.random() < 0.4:
@@ -104,7 +104,7 @@ def gguf_head() -> bytes:
     header; a tensor running past the end is one more error to report cleanly)."""
     global _GGUF_HEAD
     if _GGUF_HEAD is None:
-        from ...models.resolve import embedded_model_path
+        from ..models.resolve import embedded_model_path
 
         with open(embedded_model_path(), "rb") as f:
             _GGUF_HEAD = f.read(GGUF_HEAD_BYTES)
@@ -112,8 +112,8 @@ def gguf_head() -> bytes:
 
 
 def gguf_case(rng: random.Random, folder: Path) -> Callable[[], Any]:
-    from ...models.config import ModelConfig
-    from ...models.gguf_weights import open_gguf
+    from ..models.config import ModelConfig
+    from ..models.gguf_weights import open_gguf
 
     data = bytearray(gguf_head())
     header_end = len(data)
@@ -155,7 +155,7 @@ TEMPLATE_PARTS = [
 
 
 def template_case(rng: random.Random) -> Callable[[], Any]:
-    from ...models import chat_template
+    from ..models import chat_template
 
     parts = [rng.choice(TEMPLATE_PARTS) for _ in range(rng.randrange(1, 5))]
     source = "".join(p.replace("N", str(rng.choice([1, 3, 40, 1000, 10**6, 10**9, 10**12]))) for p in parts)
@@ -210,7 +210,7 @@ def http_cases(n: int, seed: int, on_case: Callable[[int], None] | None = None) 
     import re
     import threading
 
-    from ..server.api import make_server
+    from ..app.server.api import make_server  # app: the HTTP server is what these cases fuzz
     from .faults_network import exchange
 
     engine = _serve_engine()
@@ -256,7 +256,7 @@ def http_cases(n: int, seed: int, on_case: Callable[[int], None] | None = None) 
 
 def _serve_engine() -> Any:
     """A scripted engine for the HTTP cases: the request layer is what is fuzzed, not the model."""
-    from ...engine.events import Done, TextDelta
+    from ..engine.events import Done, TextDelta
 
     class Tokenizer:
         def encode(self, text: str) -> list[int]:
@@ -288,7 +288,7 @@ def _serve_engine() -> Any:
 
 
 def _judge(kind: str, s: int, run: Callable[[], Any]) -> dict[str, Any] | None:
-    from ...models.errors import ModelLoadError
+    from ..models.errors import ModelLoadError
 
     allowed: tuple[type[BaseException], ...] = (ModelLoadError,) if kind in ("config", "gguf") else (ValueError,)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

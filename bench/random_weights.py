@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ...cache_files import cache_dir, replacing
+from ..cache_files import cache_dir, replacing
 
 SEED = 0
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -42,7 +42,7 @@ LLAMA_CPP_TYPES = ("Q4_0", "Q4_K_M")  # what llama.cpp users run, quantized by l
 
 
 def shape_config(shape: str):
-    from ...models.config import ModelConfig
+    from ..models.config import ModelConfig
 
     return ModelConfig(max_seq_len=8192, **RANDOM_SHAPES[shape])
 
@@ -112,8 +112,8 @@ def _write_folder(out: Path, config_json: dict, shards: Iterator[tuple[str, dict
 def _tokenizer(folder: Path) -> None:
     """The embedded model's tokenizer files (49,152 ids: they fit every shape's vocabulary), so the folder runs
     as any model does: `parley generate --model FOLDER`."""
-    from ...models.quantize.cache import tokenizer_files
-    from ...models.resolve import resolve
+    from ..models.quantize.cache import tokenizer_files
+    from ..models.resolve import resolve
 
     if not (folder / "tokenizer.json").is_file():
         tokenizer_files(resolve(None), folder)
@@ -138,7 +138,7 @@ def _read(folder: Path) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
     """(shard file, its tensors) of a sharded folder, one shard in memory at a time."""
     from safetensors.torch import load_file
 
-    from ...models.resolve import weight_files
+    from ..models.resolve import weight_files
 
     for file in weight_files(folder):
         yield file, load_file(str(folder / file))
@@ -147,9 +147,9 @@ def _read(folder: Path) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
 def int4_folder(shape: str, group: int = 128, log: Callable[[str], None] = lambda s: None) -> Path:
     """The checkpoint's decoder linears rounded to nearest INT4 (groups of `group`, or 64 where the input does not
     divide: the 576-wide model), as an AWQ GEMM folder; every other tensor fp16, as AutoAWQ writes them."""
-    from ...models.quantize.checkpoint import quantization_config
-    from ...models.quantize.int4_linear import LINEAR_NAMES
-    from ...models.quantize.pack import quantize_weight
+    from ..models.quantize.checkpoint import quantization_config
+    from ..models.quantize.int4_linear import LINEAR_NAMES
+    from ..models.quantize.pack import quantize_weight
 
     src = checkpoint(shape, log)
     config = shape_config(shape)
@@ -196,9 +196,9 @@ def _write_gguf(src: Path, config, path: Path) -> None:
     import numpy as np
     from safetensors import safe_open
 
-    from ...models.gguf_weights import hf_to_gguf_name
-    from ...models.resolve import weight_files
-    from ...models.transformer import rope_frequencies
+    from ..models.gguf_weights import hf_to_gguf_name
+    from ..models.resolve import weight_files
+    from ..models.transformer import rope_frequencies
 
     files = [src / f for f in weight_files(src)]
     names = [(f, k) for f in files for k in safe_open(f, framework="pt").keys()]  # noqa: SIM118
@@ -298,12 +298,12 @@ def random_engine(shape: str, quant: str, device: str | None, kv_cache: str = "a
                   log: Callable[[str], None] = lambda s: None):
     """An engine over the random checkpoint of a named shape, loaded as any model folder is, with the embedded
     model's tokenizer (its ids fit every shape's vocabulary). `awq` is the round-to-nearest INT4 folder."""
-    from ...engine.engine import Engine, default_device
-    from ...models.device_prep import prepare_for_device
-    from ...models.loading import load_model
-    from ...models.resolve import ModelFiles, resolve
-    from ...models.tokenizer import load_tokenizer
-    from ...models.weights_dtype import weights_dtype
+    from ..engine.engine import Engine, default_device
+    from ..models.device_prep import prepare_for_device
+    from ..models.loading import load_model
+    from ..models.resolve import ModelFiles, resolve
+    from ..models.tokenizer import load_tokenizer
+    from ..models.weights_dtype import weights_dtype
 
     dev = torch.device(device) if device else default_device()
     tokenizer = load_tokenizer(resolve(None))

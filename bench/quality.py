@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .harness import add_json_argument, emit, table
 
-HELDOUT_DIR = Path(__file__).resolve().parents[2] / "assets" / "heldout"  # the package root: parley/
+HELDOUT_DIR = Path(__file__).resolve().parents[1] / "assets" / "heldout"  # the package root: parley/
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,8 +85,8 @@ def dequantized(model):
     import torch
     from torch import nn
 
-    from ...kernels.reference import dequantize
-    from ...models.quantize.int4_linear import Int4Linear, decoder_linears
+    from ..kernels.reference import dequantize
+    from ..models.quantize.int4_linear import Int4Linear, decoder_linears
 
     for parent, name, lin in decoder_linears(model):
         if isinstance(lin, Int4Linear):
@@ -106,8 +106,8 @@ def fp_head(model, folder: Path) -> None:
     import torch
     from torch import nn
 
-    from ...models.loading import safetensors_weights
-    from ...models.quantize.head import FastHead
+    from ..models.loading import safetensors_weights
+    from ..models.quantize.head import FastHead
 
     if not isinstance(model.lm_head, FastHead):
         return
@@ -125,14 +125,14 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ...engine.engine import Engine
-    from ...models.quantize.awq import rtn_quantize
-    from ...models.quantize.cache import ensure_quantized
-    from ...models.quantize.int4_linear import bits_per_weight
-    from ...models.quantize.methods import applied_method
-    from ...models.resolve import resolve
-    from ..cli import print_progress
-    from ..cli_quantize import _calib
+    from ..app.cli import print_progress  # app: the CLI's progress line and `parley quantize`'s --calib values
+    from ..app.cli_quantize import _calib
+    from ..engine.engine import Engine
+    from ..models.quantize.awq import rtn_quantize
+    from ..models.quantize.cache import ensure_quantized
+    from ..models.quantize.int4_linear import bits_per_weight
+    from ..models.quantize.methods import applied_method
+    from ..models.resolve import resolve
 
     logging.basicConfig(level=logging.WARNING, format="parley: %(message)s", stream=sys.stderr)
     say = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
@@ -242,8 +242,8 @@ def run(args: argparse.Namespace) -> int:
 
 def gguf_quality(model_ref: str | None, chunks, reference: bool, say) -> dict:
     """Perplexity of a GGUF's own 4-bit weights imported as INT4 (--quant gguf): nothing quantized again."""
-    from ...engine.engine import Engine
-    from ...models.quantize.int4_linear import bits_per_weight
+    from ..engine.engine import Engine
+    from ..models.quantize.int4_linear import bits_per_weight
 
     t0 = time.monotonic()
     engine = Engine.load(model_ref, quant="gguf", device="cpu")
@@ -260,7 +260,7 @@ def gguf_quality(model_ref: str | None, chunks, reference: bool, say) -> dict:
 
 def fp_and_gguf_quality(args: argparse.Namespace, fp, files, chunks, text: list[str], reference: bool, say) -> int:
     """--no-awq: the fp32 model and (a .gguf) its own 4-bit weights, with their greedy agreement."""
-    from ...engine.engine import Engine
+    from ..engine.engine import Engine
 
     t0 = time.monotonic()
     results = {"fp32": {"ppl": perplexity(fp.model, chunks, step=fp.native), "seconds": time.monotonic() - t0}}

@@ -66,8 +66,8 @@ def document() -> str:
 
 
 def one_reply(engine, messages: list[dict], speculation: str, new_tokens: int, draft_tokens: int) -> dict:
-    from ...engine.events import consume
-    from ...engine.params import GenerationParams
+    from ..engine.events import consume
+    from ..engine.params import GenerationParams
 
     engine.reset_cache()
     if engine.draft is not None:
@@ -148,9 +148,9 @@ def _pass_cost(engine, context: list[int], repeats: int) -> dict[str, dict[str, 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ...engine.engine import Engine
-    from ...engine.speculative import load_draft
-    from ...models.resolve import resolve
+    from ..engine.engine import Engine
+    from ..engine.speculative import load_draft
+    from ..models.resolve import resolve
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -2,7 +2,7 @@
 
 Needs only torch, triton and this repository: random weights, random token ids (a stand-in for a
 tokenizer), no model files, no network, no .venv. Sections, each under its own time budget so the whole
-run stays within `--budget-s` (default 420 s; scripts/gpu_check.sh adds a hard timeout):
+run stays within `--budget-s` (default 420 s; scripts/gpu_check.sh runs it under a hard timeout):
 
   environment       GPU, SMs, torch, Triton, CUDA, driver
   int4_correctness  the INT4 kernels at 7B shapes, bf16 and fp16, M = 1, 2, 5, 9, 16 (and a prefill M),
@@ -15,7 +15,7 @@ run stays within `--budget-s` (default 420 s; scripts/gpu_check.sh adds a hard t
   decode            a random-weight 7B INT4 stack: eager, torch.compile and CUDA graphs: tok/s, bytes per
                     token, % of the bandwidth limit, kernel launches per step
   batch_invariance  the model's logits for a 5-token verification pass against 5 one-token steps
-  load_8b           a random Llama-3.1-8B-shaped bf16 safetensors checkpoint (app/bench/random_weights.py,
+  load_8b           a random Llama-3.1-8B-shaped bf16 safetensors checkpoint (bench/random_weights.py,
                     written into a temp dir) loaded onto the GPU: seconds, GB/s, peak GPU memory
   quantize_8b       one 8B decoder layer quantized as a first run does (awq_layer with first_run_settings:
                     clipping, GPTQ, refit, rotated down_proj) on 128 x 512 random activations, and round to
@@ -24,7 +24,7 @@ run stays within `--budget-s` (default 420 s; scripts/gpu_check.sh adds a hard t
                     graphs tok/s against the HBM bound, peak GPU memory
 
 `--dry` runs the same code on CPU (Triton under TRITON_INTERPRET=1) at toy shapes, so a test can prove
-the script's Python works before a GPU ever sees it.
+the command's Python works before a GPU ever sees it.
 """
 
 from __future__ import annotations
@@ -480,9 +480,10 @@ def load_8b(run: Run) -> dict:
     (GPU_CHECK_TMP, default the system's), then loaded onto the GPU by the loader every model goes through."""
     import tempfile
 
-    from parley.app.bench import random_weights as rw
     from parley.models.loading import load_model
     from parley.models.resolve import ModelFiles
+
+    from . import random_weights as rw
 
     shape = "small" if run.dry else "llama-3.1-8b"
     saved = os.environ.get("PARLEY_CACHE_DIR")
@@ -577,21 +578,24 @@ SECTIONS: dict[str, tuple[float, Callable[[Run], dict]]] = {  # name: (seconds i
 }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--dry", action="store_true", help="CPU, toy shapes, Triton interpreted (for tests)")
     parser.add_argument("--budget-s", type=float, default=420.0, help="stop starting sections after this")
     parser.add_argument("--only", default=None, metavar="NAMES",
                         help="comma-separated sections to run (environment always runs), e.g. "
                              "load_8b,quantize_8b,decode_8b for the 8B shape alone")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     if args.dry and os.environ.get("TRITON_INTERPRET") != "1":
         print("--dry needs TRITON_INTERPRET=1 in the environment (set before Triton is imported)", file=sys.stderr)
         return 2
     if not args.dry and not torch.cuda.is_available():
-        print("no CUDA device: run with --dry (and TRITON_INTERPRET=1) to check the script on CPU", file=sys.stderr)
+        print("no CUDA device: run with --dry (and TRITON_INTERPRET=1) to check the command on CPU", file=sys.stderr)
         return 2
-    run = Run(args.dry, args.budget_s)
+    state = Run(args.dry, args.budget_s)
     torch.manual_seed(0)
     report: dict = {}
     wanted = set(SECTIONS) if args.only is None else {"environment", *args.only.split(",")}
@@ -602,12 +606,8 @@ def main() -> int:
         return 2
     for name, (need_s, fn) in SECTIONS.items():
         if name in wanted:
-            section(report, name, run, need_s, fn)
+            section(report, name, state, need_s, fn)
     report["ok"] = all(report.get(s, {}).get("ok", True) and "error" not in report.get(s, {}) for s in report
                        if isinstance(report.get(s), dict))
     print(json.dumps(report))
     return 0 if report["ok"] else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

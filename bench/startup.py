@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..first_run import CHOICE_KEY, model_key
+from ..app.first_run import CHOICE_KEY, model_key  # app: the first run's remembered answer
 from .harness import add_json_argument, emit, median
 
 QUESTION = "What is the capital of France?"
@@ -51,7 +51,7 @@ def _generate_argv(model: str | None) -> list[str]:
 
 
 def _chat_argv(model: str | None) -> list[str]:
-    return ["-m", "parley.app.bench.startup", *(["--model", model] if model else [])]
+    return ["-m", "parley.bench.startup", *(["--model", model] if model else [])]
 
 
 def run(args: argparse.Namespace) -> int:
