@@ -3039,8 +3039,9 @@ extern "C" int parley_kv_move(const Cache* cache, int n_layers, int KVH, int D, 
 
 
 // ---------------------------------------------------------------------------------------------------
-// The structs' layout as this compiler lays them out, for the ctypes mirror in kernels/native.py to be
-// checked against (tests/test_native_structs_match_the_library.py). A field added to a struct is added here.
+// The structs' layout as this compiler lays them out, for the ctypes mirrors in kernels/native.py (Lin, KV, Cache)
+// and models/native_forward.py (Layer, Model) to be checked against (tests/test_native_structs_match_the_library.py).
+// A field added to a struct is added here.
 #include <cstddef>
 
 struct FieldLayout { const char* type; const char* field; int offset, size; };  // field "": the whole struct
