@@ -1,10 +1,11 @@
 """The native CPU library: built once per machine with the system C++ compiler, loaded with ctypes.
 
-The library's main source is the caller's: `models/native_forward.cpp` (the kernels and the forward pass over
-a model's layers), named through `models/native_forward.py`. So this module builds and loads whatever main source
-it is given, and types the kernels' own entry points; it never knows the model code that drives them (models ->
-kernels, never back). One main source means one library: kernel-only callers (the thread count, tests of one
-product) take the same library from the models side.
+The kernels are C++ headers under `kernels/cpu/` (products, row operations, attention, tree passes, and their
+entry points in `abi.h`); the translation unit that includes them is the caller's: `models/native_forward.cpp`,
+which adds the forward pass over a model's layers, and names its source here through `models/native_forward.py`.
+So this module builds and loads whatever main source it is given, and types the kernels' own entry points; the
+kernels never know the model code that drives them (models -> kernels, never back). One main source means one
+library: kernel-only callers (the thread count, tests of one product) take the same library from the models side.
 
 Why ctypes and not a torch extension: the library includes no torch headers, so it compiles in seconds
 (a torch extension takes a minute) and a build at first use or in `scripts/setup.sh` costs nothing noticeable.
@@ -66,7 +67,7 @@ class Cache(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int32), ("max_len", ctypes.c_int32), ("layers", ctypes.POINTER(KV))]
 
 
-STRUCTS = (Lin, KV, Cache)  # the ctypes mirror of the kernels' structs (a product, the KV cache)
+STRUCTS = (Lin, KV, Cache)  # the ctypes mirror of the kernels' structs (kernels/cpu/products.h, attention.h)
 
 
 def _cpu_flags() -> str:
@@ -225,7 +226,7 @@ def mirror_layout(structs: tuple[type[ctypes.Structure], ...] = STRUCTS) -> dict
     return out
 
 
-# -- weight packing: tensors in the layouts the products read (`Lin`) ---------------------------------------------
+# -- weight packing: tensors in the layouts the products read (kernels/cpu/products.h) ------------------------
 
 def _pad_columns(t: Tensor, n: int) -> Tensor:
     """[N, ...] -> [n, ...] with zero rows appended (the last 16-column block of a ragged N)."""

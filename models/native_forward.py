@@ -1,8 +1,8 @@
 """The native forward pass (`native_forward.cpp` beside this file) as Python sees it: the library's main source,
 the library itself, and the ctypes mirror of the structs that describe a model's layers to it.
 
-`native_forward.cpp` is the library's one translation unit: the kernels and the forward pass over a model's
-layers. `kernels/native.py` builds and loads whatever source it is given; this
+`native_forward.cpp` is the library's one translation unit: it includes the kernels (`kernels/cpu/*.h`) and adds
+the forward pass over a model's layers. `kernels/native.py` builds and loads whatever source it is given; this
 module names the source, so the kernels never know the model code (models -> kernels). Everything that wants the
 library, the kernel-only entry points included (`engine/threads.py`, the benches, the tests), takes it from
 `library()` here: one library, built once per machine.

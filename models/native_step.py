@@ -127,7 +127,7 @@ class NativeStep:
             L.qkv = self._linear(f"{i}.qkv", [at.q_proj, at.k_proj, at.v_proj])
             L.o = self._linear(f"{i}.o", [at.o_proj])
             L.gate_up = self._linear(f"{i}.gate_up", [mlp.gate_proj, mlp.up_proj], interleave=True)
-            L.down = self._linear(f"{i}.down", [mlp.down_proj], act_block=32)  # native_forward.cpp: quantize_row
+            L.down = self._linear(f"{i}.down", [mlp.down_proj], act_block=32)  # kernels/cpu/products.h: quantize_row
             if mlp.down_diag is not None:  # down_proj quantized on rotated inputs (models/quantize/hadamard.py)
                 L.down_diag, L.down_block = self._ptr(mlp.down_diag), mlp.down_hadamard.shape[0]
             L.window = c.layer_windows[i]
@@ -260,7 +260,7 @@ class NativeStep:
             if K % 64 or group % 32 or (group % 64 and group != 32):
                 raise ValueError(f"the native step needs in_features ({K}) divisible by 64 and a group size of 32 "
                                  f"or a multiple of 64, not {group}")
-            if group == 32 or with_mins:  # the products read these in blocks of 32 (native_forward.cpp, q4_block)
+            if group == 32 or with_mins:  # the products read these in blocks of 32 (products.h, q4_block)
                 act_block = 32
             Np = (N + 15) // 16 * 16
             shapes = {"q": ((Np // 16, K // 64, 8, 16, 4), torch.uint8),

@@ -71,7 +71,8 @@ else
   pip install -e .
 fi
 
-# The native CPU step (models/native_forward.cpp), built now so that the first reply does not wait for it.
+# The native CPU step (models/native_forward.cpp and the kernels it includes), built now so that the first reply
+# does not wait for it.
 if ! has_gpu; then
   .venv/bin/python -c "from parley.models import native_forward; native_forward.build()" 2>/dev/null \
     && echo "setup: built the native CPU step" \

@@ -1,5 +1,5 @@
-"""The ctypes structs lay out exactly as the compiled library's (models/native_forward.cpp): the kernels' (Lin, KV,
-Cache in kernels/native.py) and the model's (Layer, Model in models/native_forward.py).
+"""The ctypes structs lay out exactly as the compiled library's: the kernels' (Lin, KV, Cache in kernels/native.py,
+C++ in kernels/cpu/) and the model's (Layer, Model in models/native_forward.py, C++ in models/native_forward.cpp).
 Every field of either side is on the other, at the same offset with the same size, and every struct has the same
 size, as the library's `parley_layout` table says. A field added on one side only (or in another order) would hand
 the library garbage pointers silently."""
@@ -23,7 +23,7 @@ def test_mirror_matches_the_compiled_structs():
     assert not only_c, (f"fields in the C++ structs missing from their ctypes mirror (kernels/native.py, "
                         f"models/native_forward.py): {only_c}")
     assert not only_py, (f"fields of the ctypes mirror missing from the library's parley_layout table "
-                         f"(models/native_forward.cpp): {only_py}")
+                         f"(kernels/cpu/abi.h, models/native_forward.cpp): {only_py}")
     wrong = {k: (mirror[k], library[k]) for k in library if mirror[k] != library[k]}
     assert not wrong, f"(offset, size) in Python vs C: {wrong}"
 
