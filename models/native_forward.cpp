@@ -173,7 +173,7 @@ static int forward_pass(const Model* md, int nseq, const Cache* const* caches, c
     for (int l = 0; l < md->n_layers; l++) {
         if (l == 0) prof_start();
         // Rows normed together: 8 (rmsnorm_rows' vector path), but a short pass's rows split over the threads
-        // (8 rows on one thread left the other waiting ~2 us a norm, 60 norms a pass); the same bits either way.
+        // (8 rows on one thread leave the others waiting at every norm's barrier); the same bits either way.
         const int nrn = std::min(8, std::max(1, (M + omp_get_num_threads() - 1) / omp_get_num_threads()));
         const Layer* L = md->layers + l;
 #pragma omp for schedule(static) PARLEY_NOWAIT

@@ -45,9 +45,9 @@ extern "C" int parley_profile(double* out, int threads) {
 
 // The core's int8 multiply-add peak (one thread): `iters` rounds of 12 independent vpdpbusd chains (64 MACs
 // each), in GMAC/s of this thread's CPU time (a busy machine's preemptions do not count). What `parley bench
-// passes` sets the products' speed beside. 0 without VNNI. 12, not 16: GCC 12 kept one of 16 accumulators on
-// the stack, so every round waited on a store and a reload and the "peak" read 245-270 GMAC/s on the 2-core
-// EPYC where 12 chains (no spill) read 410-500 (2 `vpdpbusd` a cycle); 8 chains read ~390 (latency-bound).
+// passes` sets the products' speed beside. 0 without VNNI. 12 chains: enough to cover `vpdpbusd`'s latency at
+// two a cycle (8 stay latency-bound), and few enough that the compiler keeps every accumulator in a register
+// (with 16 it puts one on the stack, and every round then waits on a store and a reload: not the peak).
 extern "C" double parley_vnni_peak_gmacs(int iters) {
 #if PARLEY_VNNI
     __m512i acc[12];
@@ -74,9 +74,9 @@ extern "C" double parley_vnni_peak_gmacs(int iters) {
 // `bytes` (a buffer far past the caches), `reps` times; GB/s of the fastest rep, in wall time. One of the two
 // readers `parley bench decode` sets a decode step's bytes beside (the other is torch's sum; it keeps the
 // better, so that the probe does not under-read and the step's share read high). Each thread reads its share
-// as 4 interleaved sub-streams: on the 2-core EPYC one stream a thread read 0.97x torch's sum (median of 20
-// interleaved pairs, 2 threads), 4 read 1.08x. (The products keep one stream a thread: 2 or 4 measured
-// 1.03-1.38x slower in a pass, a dynamic schedule 1.07-1.28x.)
+// as 4 interleaved sub-streams: one stream a thread reads slower than torch's sum, 4 faster. (The products keep
+// one contiguous stream a thread: in a pass, sub-streams and a dynamic schedule run slower; docs/cpu-step.md,
+// "Tried and not kept".)
 extern "C" double parley_read_gbs(const void* buf, size_t bytes, int reps, int threads) {
     const int nt = threads > 0 ? threads : (g_threads > 0 ? g_threads : omp_get_max_threads());
     const size_t lines = bytes / 64;

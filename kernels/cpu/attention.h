@@ -29,6 +29,7 @@ struct Cache {
     const KV* layers;
 };
 
+// Key k and value v [D] of kv head `kvh` at slot `pos`, written in the cache's stored form.
 static void kv_write(const Cache* c, const KV* kv, int kvh, int pos, int D, const float* k, const float* v) {
     const size_t row = ((size_t)kvh * c->max_len + pos);
     switch (c->kind) {
@@ -67,7 +68,7 @@ static void kv_write(const Cache* c, const KV* kv, int kvh, int pos, int D, cons
                 continue;
             }
             int8_t* dst = (int8_t*)(which ? kv->v : kv->k) + row * D;
-#if PARLEY_VNNI  // the same values as the loops below (as quantize_row's): std::fmax was a libm call per element
+#if PARLEY_VNNI  // the same values as the loops below (as quantize_row's), without their libm std::fmax per element
             if (D % 16 == 0) {
                 __m512 mv = _mm512_setzero_ps();
                 for (int d = 0; d < D; d += 16) mv = _mm512_max_ps(mv, _mm512_abs_ps(_mm512_loadu_ps(src + d)));
@@ -382,9 +383,8 @@ static void scores_int8_shared(const KV* kv, size_t base, int j0, int n, int np,
         transpose16(T);
         transpose16(T + 16);
         const __m512 ks = _mm512_maskz_loadu_ps(mask, kv->ks + base + j0 + jb);
-        // 8 queries a sweep: 8 independent chains of 32 `vpdpwssd` (4 before), unrolled by 4 (rolled, the compiler
-        // copied the accumulators between registers every step): attention of 512 positions, one layer, one
-        // thread, 1.68 -> 1.55 ms (with kv_write's vector quantization, from 2.05-2.37 ms; /tmp A/B, same bits).
+        // 8 queries a sweep: 8 independent chains of 32 `vpdpwssd` (enough to hide its latency), unrolled by 4
+        // (rolled, the compiler copies the accumulators between registers every step).
         for (int k0 = 0; k0 < Q; k0 += 8) {
             __m512i acc[8];
             for (int u = 0; u < 8; u++) acc[u] = _mm512_setzero_si512();
@@ -1073,9 +1073,8 @@ static void attend_nodes(const Cache* vc, const KV* vkv, int vh, int shift, int 
 static void attend_merge(int KVH, int G, int D, int window, int p, int nblk, const float* parts, float* out) {
     const size_t part_stride = (size_t)G * (D + 2);
     const int b0 = first_key(p, window) / ATT_BLOCK, b1 = p / ATT_BLOCK;
-    // The partials were written a whole attention step ago (a 512-token prefill's are 2.4 MB, past L2): ask for
-    // all of this position's lines at once, before the first dependent read (attention of 512 positions, one
-    // layer, one thread, with its merge: -3 to -9%, min of 30, builds alternated 4 times).
+    // The partials were written a whole attention step ago (a long prefill's are megabytes, past L2): ask for all
+    // of this position's lines at once, before the first dependent read, so the misses overlap.
     for (int h = 0; h < KVH; h++)
         for (const char* c = (const char*)(parts + ((size_t)h * nblk + b0) * part_stride);
              c < (const char*)(parts + ((size_t)h * nblk + b1 + 1) * part_stride); c += 64)

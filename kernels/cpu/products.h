@@ -38,14 +38,13 @@ struct Lin {
     const uint16_t* m16;
 };
 
-// activations quantized to int8 per position, in blocks of 64 or 32 inputs (what the integer dot products read)
+// Activations quantized to int8 per position, in blocks of 64 or 32 inputs (what the integer dot products read).
 //
 // One scale per 64 inputs, the INT4 weights' own chunk (and the embedded model's group): a product then
-// converts and scales one exact int32 sum per (position, 64 inputs), not two. Blocks of 32 where 64 cost
-// accuracy (`parley bench quality --kernels auto`, 4 chunks, AWQ perplexity 21.404 with 32 everywhere): 64
-// everywhere 21.517 (+0.5%), 64 but 32 for the MLP's down projection (its input, the SwiGLU output, has the
-// outliers) and the int8 head 21.413 (+0.04%): the packer's choice (Lin.act_block), llama.cpp's K-quant
-// path uses blocks of 256 (Q8_K).
+// converts and scales one exact int32 sum per (position, 64 inputs), not two. Blocks of 32 where 64 costs
+// accuracy: the MLP's down projection (its input, the SwiGLU output, has the outliers) and the int8 head
+// (`parley bench quality` compares the choices; docs/cpu-step.md). Which block a product reads is the packer's
+// choice (Lin.act_block).
 
 struct Act {  // rows of K inputs; which K and block size a product reads is its own (Lin.K, lin_block)
     int8_t* q;     // [M][K]
@@ -154,11 +153,9 @@ static inline int32_t load_i32(const int8_t* p) {
 
 #if PARLEY_VNNI
 // INT4 weights stream from memory once per pass: each vector loaded asks for the one this far ahead (the blocks
-// of a thread's columns are contiguous, so it runs on into the next block). +~14% at 8 rows on one thread; 4 KB
-// rather than 2: a whole pass on one thread, the two interleaved in one process, 0.95x at 1 token and 0.97x at
-// 8 (gate/up at 1 token 0.86 -> 0.80 ms, the down projection at 8 0.94 -> 0.81; 8 and 16 KB no better). The
-// int8 head at 1 row measured slower with it (0.81-1.00 ms -> 0.87-1.17 ms; again in a pass, 0.75 -> 0.83), so
-// q8_block has none; its pair tiles (more arithmetic per byte) prefetch the next pair.
+// of a thread's columns are contiguous, so it runs on into the next block). 4 KB ahead runs faster than 2, and
+// 8 or 16 no faster (docs/cpu-step.md, "Tried and not kept"). The int8 head a block at a time runs slower with
+// it, so q8_block has none; its pair tiles (more arithmetic per byte) prefetch the next pair.
 constexpr int PREFETCH_BYTES = 4096;
 
 template <int R, int AB>
@@ -196,9 +193,9 @@ static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y
             for (int p = 0; p < P; p++) ib[r][p] = _mm512_setzero_si512();
         const uint8_t* w = wq + (size_t)ci * 512;
         if constexpr (AB == 32) {
-            // Blocks of 32 (the MLP's down projection): two live sums per position, 2R accumulators. Left to
-            // itself the compiler kept this loop rolled and 2 of them on the stack, each `vpdpbusd` then waiting
-            // on a store and a reload (180 GMAC/s at 512 rows against 261 unrolled; /tmp A/B, one thread).
+            // Blocks of 32 (the MLP's down projection): two live sums per position, 2R accumulators. Unrolled
+            // here because, left to itself, the compiler keeps this loop rolled and 2 of them on the stack, each
+            // `vpdpbusd` then waiting on a store and a reload.
 #pragma GCC unroll 8
             for (int t = 0; t < 8; t++) {
                 _mm_prefetch((const char*)(w + PREFETCH_BYTES + t * 64), _MM_HINT_T0);
@@ -251,14 +248,14 @@ static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y
 }
 
 // Two column blocks x 4 positions (blocks of 64 inputs): each broadcast activation feeds two `vpdpbusd`, one
-// per block. Why: on this core (Zen 5) a broadcast from memory costs nearly what a `vpdpbusd` does, so one block
-// at a time (a broadcast per `vpdpbusd`) runs well short of the peak; a /tmp loop of 12 chains measured
-// 350-390 GMAC/s register-only, 245-290 with a broadcast per instruction, 290-310 with one per two. R = 4
-// positions for a prefill: the tile's 8 int32 and 8 float sums, 4 unpacked weight vectors and 2 broadcasts stay
-// in registers (2 x 8 positions spilled every float sum to the stack each chunk and ran 5-20% slower than one
-// block at 512 rows); R = 8 for short passes, where the weights stream from memory (see quant_block). Each (position, column) sums the same exact int32 per 64 inputs and meets its scale in
-// the same float operations, in input order: the same bits as `q4_block`. The down projection (blocks of 32)
-// measured slower paired (0.92-0.95x at 512 rows) and stays on `q4_block`.
+// per block. Why: on Zen 5 a broadcast from memory costs nearly what a `vpdpbusd` does, so one block at a time
+// (a broadcast per `vpdpbusd`) runs well short of the core's peak, and one broadcast per two instructions
+// recovers part of it. R = 4 positions for a prefill: the tile's 8 int32 and 8 float sums, 4 unpacked weight
+// vectors and 2 broadcasts stay in registers (2 x 8 positions would spill every float sum to the stack each
+// chunk); R = 8 for short passes, where the weights stream from memory (see quant_block). Each (position,
+// column) sums the same exact int32 per 64 inputs and meets its scale in the same float operations, in input
+// order: the same bits as `q4_block`. The down projection (blocks of 32) runs slower paired and stays on
+// `q4_block` (docs/cpu-step.md, "Tried and not kept").
 template <int R>
 static inline void q4_pair(const Lin* L, int nb, const Act* a, int m0, float* y, int ldy) {
     const int K = L->K, nc = K / 64, G = L->group, ng = K / G, cpg = G / 64;
@@ -365,8 +362,8 @@ static inline void q8_block(const Lin* L, int nb, const Act* a, int m0, float* y
 // The int8 head in pair tiles: two column blocks x R (4 or 8) positions, each broadcast activation word feeding
 // one `vpdpbusd` per block (the reason, as for q4_pair: a broadcast costs nearly what a `vpdpbusd` does on this
 // core). Per (position, column) the same exact int32 sum per 32 inputs, the same `- 128 x` correction and the
-// same float multiply-add in input order as q8_block: the same bits. Why: at 8 rows q8_block issued one
-// broadcast per `vpdpbusd` and the head of an 8-token pass ran at ~155 GMAC/s a core, a quarter of its time.
+// same float multiply-add in input order as q8_block: the same bits. Why: q8_block issues one broadcast per
+// `vpdpbusd`, which leaves the head, a large share of a short pass, far below the core's peak.
 template <int R>
 static inline void q8_pair(const Lin* L, int nb, const Act* a, int m0, float* y, int ldy) {
     const int K = L->K, nc = K / 64;
@@ -760,10 +757,9 @@ static void f32_col_scalar(const Lin* L, int n, const float* x, int m, float* y,
 // WIDE (passes of up to WIDE_PASS positions: decode verification): in a pass the weights stream from memory,
 // and a pair tile of 4 positions read each pair from memory for positions 0-3 (waiting on it, with half the
 // arithmetic to hide the wait) and again from L1 for 4-7 (no memory traffic to overlap). 8 positions per
-// tile keep 16 float sums on the stack (a store and a reload each per 64 inputs) but read each vector once:
-// one thread, an 8-token pass at depth 0, the previous build and this one interleaved in one process: the int8
-// head 1.83 -> 1.33 ms, the INT4 products 4.33 -> 4.05 ms. A prefill keeps 4: with 512 rows the 8-position
-// tile measured up to 13% slower on gate/up (docs/cpu-step.md, "Tried and not kept").
+// tile keep 16 float sums on the stack (a store and a reload each per 64 inputs) but read each vector once,
+// which is what a pass whose weights stream from memory waits on. A prefill keeps 4, where the 8-position tile
+// runs slower (docs/cpu-step.md, "Tried and not kept").
 constexpr int WIDE_PASS = 32;
 
 template <int R, bool WIDE = false>
