@@ -141,7 +141,7 @@ def breakdown(engine, ctx: list[int], T: int, repeats: int) -> dict:
 
 
 PHASES = ("norm", "qkv", "rope", "attend", "merge", "o", "norm2", "gate_up", "silu", "down", "post", "head_quant",
-          "head")  # kernels/cpu_step.cpp's PH_* order
+          "head")  # kernels/cpu/profile.h's PH_* order
 
 
 def phase_profile(engine, ctx: list[int], T: int, repeats: int) -> dict:

@@ -50,9 +50,9 @@ def fixed() -> bool:
 
 def set_threads(n: int) -> None:
     torch.set_num_threads(n)
-    from ..kernels import native
+    from ..models import native_forward
 
-    lib = native.load() if native.library_path().exists() else None
+    lib = native_forward.library() if native_forward.library_path().exists() else None
     if lib is not None:
         lib.parley_threads(n)
 

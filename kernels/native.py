@@ -1,13 +1,21 @@
-"""The native CPU step (`cpu_step.cpp`): built once per machine with the system C++ compiler, loaded with ctypes.
+"""The native CPU library: built once per machine with the system C++ compiler, loaded with ctypes.
+
+The kernels are C++ headers under `kernels/cpu/` (products, row operations, attention, tree passes, and their
+entry points in `abi.h`); the translation unit that includes them is the caller's: `models/native_forward.cpp`,
+which adds the forward pass over a model's layers, and names its source here through `models/native_forward.py`.
+So this module builds and loads whatever main source it is given, and types the kernels' own entry points; the
+kernels never know the model code that drives them (models -> kernels, never back). One main source means one
+library: kernel-only callers (the thread count, tests of one product) take the same library from the models side.
 
 Why ctypes and not a torch extension: the library includes no torch headers, so it compiles in seconds
 (a torch extension takes a minute) and a build at first use or in `scripts/setup.sh` costs nothing noticeable.
 Tensors cross as raw pointers; the caller keeps them alive (see `models/native_step.py`).
 
-The build is keyed by the source, the compiler flags and this CPU's feature flags, written to a temporary
-name and renamed into place, so a half-written library is never loaded; its SHA-256 is recorded beside it
-and checked before every load, so a library changed or damaged in the cache folder is rebuilt, not run.
-No compiler: `load()` returns None and says why once; the engine then runs its PyTorch path.
+The build is keyed by the main source and every header it includes (`sources`), the compiler flags and this
+CPU's feature flags, written to a temporary name and renamed into place, so a half-written library is never
+loaded; its SHA-256 is recorded beside it and checked before every load, so a library changed or damaged in the
+cache folder is rebuilt, not run. No compiler: `load()` returns None and says why once; the engine then runs its
+PyTorch path.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -32,15 +41,14 @@ from .reference import unpack_int4
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_step.cpp")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC",
          "-std=c++17"]
 W_Q4, W_F32, W_Q8, W_BF16 = 0, 1, 2, 3
 KV_KINDS = {"fp": 0, "bf16": 1, "int8": 2, "k8v4": 3}
 
 _lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_why_not: str | None = None
+_libs: dict[Path, ctypes.CDLL] = {}  # by main source: loaded once per process
+_why_not: dict[Path, str] = {}  # by main source: why it could not be had (said once)
 
 
 class Lin(ctypes.Structure):
@@ -50,24 +58,6 @@ class Lin(ctypes.Structure):
                 ("m16", ctypes.c_void_p)]
 
 
-class Layer(ctypes.Structure):
-    _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("q_norm", ctypes.c_void_p),
-                ("k_norm", ctypes.c_void_p), ("qkv", Lin), ("o", Lin), ("gate_up", Lin), ("down", Lin),
-                ("window", ctypes.c_int32), ("post_attn_norm", ctypes.c_void_p), ("post_ffn_norm", ctypes.c_void_p),
-                ("rope_cos", ctypes.c_void_p), ("rope_sin", ctypes.c_void_p), ("down_diag", ctypes.c_void_p),
-                ("down_block", ctypes.c_int32)]
-
-
-class Model(ctypes.Structure):
-    _fields_ = [("dim", ctypes.c_int32), ("n_layers", ctypes.c_int32), ("n_heads", ctypes.c_int32),
-                ("n_kv_heads", ctypes.c_int32), ("head_dim", ctypes.c_int32), ("inter", ctypes.c_int32),
-                ("vocab", ctypes.c_int32), ("eps", ctypes.c_float), ("embed", ctypes.c_void_p),
-                ("final_norm", ctypes.c_void_p), ("rope_cos", ctypes.c_void_p), ("rope_sin", ctypes.c_void_p),
-                ("max_pos", ctypes.c_int32), ("head", Lin), ("layers", ctypes.POINTER(Layer)),
-                ("embed_scale", ctypes.c_float), ("attn_scale", ctypes.c_float), ("act", ctypes.c_int32),
-                ("embed_bf16", ctypes.c_int32)]
-
-
 class KV(ctypes.Structure):
     _fields_ = [("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("ks", ctypes.c_void_p), ("vs", ctypes.c_void_p),
                 ("vm", ctypes.c_void_p)]
@@ -75,6 +65,9 @@ class KV(ctypes.Structure):
 
 class Cache(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int32), ("max_len", ctypes.c_int32), ("layers", ctypes.POINTER(KV))]
+
+
+STRUCTS = (Lin, KV, Cache)  # the ctypes mirror of the kernels' structs (kernels/cpu/products.h, attention.h)
 
 
 def _cpu_flags() -> str:
@@ -100,14 +93,36 @@ def flags() -> list[str]:
     return [*FLAGS, *shlex.split(os.environ.get("PARLEY_NATIVE_FLAGS", ""))]
 
 
-def library_path() -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags()).encode() + _cpu_flags().encode()).hexdigest()[:16]
-    return cache_dir() / f"libparley_step-{key}.so"
+_INCLUDE = re.compile(rb'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 
-def build(verbose: bool = False) -> Path:
-    """Compile the library for this machine unless a library matching its recorded hash is there; its path."""
-    out = library_path()
+def sources(source: Path) -> list[Path]:
+    """`source` and every file it includes with `#include "..."`, transitively (paths relative to the including
+    file), in the order first met: what the library is built from."""
+    found: list[Path] = []
+    todo = [Path(source).resolve()]
+    while todo:
+        path = todo.pop(0)
+        if path in found:
+            continue
+        found.append(path)
+        todo += [(path.parent / name.decode()).resolve() for name in _INCLUDE.findall(path.read_bytes())]
+    return found
+
+
+def library_path(source: Path) -> Path:
+    """Where the library built from `source` (and its headers) with these flags on this CPU lives."""
+    h = hashlib.sha256()
+    main = Path(source).resolve()
+    for path in sources(main):
+        h.update(os.path.relpath(path, main.parent).encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update(" ".join(flags()).encode() + _cpu_flags().encode())
+    return cache_dir() / f"libparley_step-{h.hexdigest()[:16]}.so"
+
+
+def build(source: Path, verbose: bool = False) -> Path:
+    """Compile `source` for this machine unless a library matching its recorded hash is there; its path."""
+    out = library_path(source)
     record = out.with_name(out.name + ".sha256")
     if out.exists():
         try:
@@ -123,9 +138,9 @@ def build(verbose: bool = False) -> Path:
     fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
     os.close(fd)
     try:
-        r = subprocess.run([cxx, *flags(), str(SOURCE), "-o", tmp], capture_output=True, text=True)
+        r = subprocess.run([cxx, *flags(), str(source), "-o", tmp], capture_output=True, text=True)
         if r.returncode != 0:
-            raise RuntimeError(f"{cxx} failed to build {SOURCE.name}:\n{r.stderr.strip()[-2000:]}")
+            raise RuntimeError(f"{cxx} failed to build {Path(source).name}:\n{r.stderr.strip()[-2000:]}")
         Path(tmp + ".sha256").write_text(file_sha256(Path(tmp)) + "\n")
         os.replace(tmp + ".sha256", record)  # the record first: a library is never there without it
         os.replace(tmp, out)
@@ -138,31 +153,22 @@ def build(verbose: bool = False) -> Path:
     return out
 
 
-def load() -> ctypes.CDLL | None:
-    """The library, building it on first use; None (with the reason logged once) where it cannot be had."""
-    global _lib, _why_not
+def load(source: Path) -> ctypes.CDLL | None:
+    """The library built from `source`, building it on first use, with the kernels' entry points typed; None
+    (with the reason logged once) where it cannot be had. The caller types the entry points its source adds."""
+    key = Path(source).resolve()
     with _lock:
-        if _lib is not None or _why_not is not None:
-            return _lib
+        if key in _libs or key in _why_not:
+            return _libs.get(key)
         if os.environ.get("PARLEY_NATIVE", "1") == "0":
-            _why_not = "PARLEY_NATIVE=0"
+            _why_not[key] = "PARLEY_NATIVE=0"
             return None
         try:
-            lib = ctypes.CDLL(str(build()))
+            lib = ctypes.CDLL(str(build(key)))
         except (RuntimeError, OSError) as e:
-            _why_not = str(e)
+            _why_not[key] = str(e)
             log.warning("the native CPU step is unavailable, so decoding runs on the slower PyTorch path: %s", e)
             return None
-        lib.parley_forward.restype = ctypes.c_int
-        lib.parley_forward.argtypes = [ctypes.POINTER(Model), ctypes.POINTER(Cache), ctypes.c_int, ctypes.c_void_p,
-                                       ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
-        lib.parley_forward_tree.restype = ctypes.c_int
-        lib.parley_forward_tree.argtypes = [ctypes.POINTER(Model), ctypes.POINTER(Cache), ctypes.c_int, ctypes.c_void_p,
-                                            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
-        lib.parley_forward_batch.restype = ctypes.c_int
-        lib.parley_forward_batch.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                             ctypes.c_void_p, ctypes.c_void_p]
         lib.parley_kv_move.restype = ctypes.c_int
         lib.parley_kv_move.argtypes = [ctypes.POINTER(Cache), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                        ctypes.c_void_p, ctypes.c_void_p]
@@ -187,11 +193,14 @@ def load() -> ctypes.CDLL | None:
         lib.parley_attention.argtypes = [ctypes.POINTER(Cache), ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                          ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        _lib = lib
+        _libs[key] = lib
         return lib
 
 
-STRUCTS = (Lin, Layer, Model, KV, Cache)  # the ctypes mirror of cpu_step.cpp's structs
+def why_unavailable(source: Path) -> str | None:
+    """Why the library built from `source` cannot be had (trying it first), or None when it loads."""
+    load(source)
+    return _why_not.get(Path(source).resolve())
 
 
 def library_layout(lib: ctypes.CDLL) -> dict[tuple[str, str], tuple[int, int]]:
@@ -206,10 +215,10 @@ def library_layout(lib: ctypes.CDLL) -> dict[tuple[str, str], tuple[int, int]]:
     return out
 
 
-def mirror_layout() -> dict[tuple[str, str], tuple[int, int]]:
-    """The same table for the ctypes mirror here."""
+def mirror_layout(structs: tuple[type[ctypes.Structure], ...] = STRUCTS) -> dict[tuple[str, str], tuple[int, int]]:
+    """The same table for ctypes mirrors (the kernels' here, by default)."""
     out: dict[tuple[str, str], tuple[int, int]] = {}
-    for struct in STRUCTS:
+    for struct in structs:
         out[(struct.__name__, "")] = (0, ctypes.sizeof(struct))
         for name, _ in struct._fields_:
             f = getattr(struct, name)
@@ -217,12 +226,7 @@ def mirror_layout() -> dict[tuple[str, str], tuple[int, int]]:
     return out
 
 
-def why_unavailable() -> str | None:
-    load()
-    return _why_not
-
-
-# -- weight packing: tensors in the layouts cpu_step.cpp reads ----------------------------------------------
+# -- weight packing: tensors in the layouts the products read (kernels/cpu/products.h) ------------------------
 
 def _pad_columns(t: Tensor, n: int) -> Tensor:
     """[N, ...] -> [n, ...] with zero rows appended (the last 16-column block of a ragged N)."""
@@ -231,7 +235,7 @@ def _pad_columns(t: Tensor, n: int) -> Tensor:
 
 def pack_q4(q: Tensor, zeros: Tensor, scales: Tensor, group_size: int,
             mins: Tensor | None = None) -> dict[str, Tensor]:
-    """q [K, N] ints 0..15, zeros/scales [K/group, N] (W = (q - z) * s) -> cpu_step.cpp's column-block layout.
+    """q [K, N] ints 0..15, zeros/scales [K/group, N] (W = (q - z) * s) -> the products' column-block layout.
 
     Per block of 16 output columns and chunk of 64 inputs, 8 vectors of 64 bytes: byte 4n + j of vector t
     holds input 4t + j of column n (low nibble) and input 32 + 4t + j (high nibble), so one VNNI

@@ -1,4 +1,4 @@
-"""The Transformer's forward as one native call on the CPU (kernels/cpu_step.cpp): a step `CachedModel` runs.
+"""The Transformer's forward as one native call on the CPU (native_forward.cpp): a step `CachedModel` runs.
 
 `Transformer.forward` stays the definition (the model carries no trace of this step); this computes the
 same function with the decoder weights repacked for integer dot products (INT4 layers) or read in place
@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..kernels import native
+from . import native_forward
 from .progress import Progress, ProgressFn
 from .quantize.int4_linear import Int4Linear
 from .quantize.pack import quantize_weight
@@ -74,9 +75,9 @@ class NativeStep:
             raise NativeUnavailable("PARLEY_NATIVE=0")
         if model.norm.weight.device.type != "cpu" or model.norm.weight.dtype not in (torch.float32, torch.bfloat16):
             raise NativeUnavailable("the native step runs fp32 and bf16 models on the CPU")
-        lib = native.load()
+        lib = native_forward.library()
         if lib is None:
-            raise NativeUnavailable(native.why_unavailable() or "the native library did not load")
+            raise NativeUnavailable(native_forward.why_unavailable() or "the native library did not load")
         from . import native_cache
 
         head = "gptq" if head_bits == 4 and head_gram is not None else ""
@@ -112,7 +113,7 @@ class NativeStep:
             raise ValueError(f"the native step runs SiLU or tanh-GELU MLPs, not {c.mlp_act}")
         if c.head_dim > 512 or c.n_heads % c.n_kv_heads or c.n_heads // c.n_kv_heads > 8:
             raise ValueError("the native step needs head_dim <= 512 and at most 8 query heads per kv head")
-        layers = (native.Layer * c.n_layers)()
+        layers = (native_forward.Layer * c.n_layers)()
         started = time.monotonic()
         for i, block in enumerate(model.layers):
             if progress is not None and packed is None and time.monotonic() - started > 0.5:
@@ -126,7 +127,7 @@ class NativeStep:
             L.qkv = self._linear(f"{i}.qkv", [at.q_proj, at.k_proj, at.v_proj])
             L.o = self._linear(f"{i}.o", [at.o_proj])
             L.gate_up = self._linear(f"{i}.gate_up", [mlp.gate_proj, mlp.up_proj], interleave=True)
-            L.down = self._linear(f"{i}.down", [mlp.down_proj], act_block=32)  # cpu_step.cpp: quantize_row
+            L.down = self._linear(f"{i}.down", [mlp.down_proj], act_block=32)  # kernels/cpu/products.h: quantize_row
             if mlp.down_diag is not None:  # down_proj quantized on rotated inputs (models/quantize/hadamard.py)
                 L.down_diag, L.down_block = self._ptr(mlp.down_diag), mlp.down_hadamard.shape[0]
             L.window = c.layer_windows[i]
@@ -176,9 +177,9 @@ class NativeStep:
         # A bf16 model's embedding is read as it is held (each looked-up row widened), not copied to fp32.
         embed_bf16 = embed.dtype == torch.bfloat16
         embed_ptr = self._keep(embed.detach().contiguous()).data_ptr() if embed_bf16 else self._ptr(embed)
-        self.md = native.Model(c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.intermediate_size,
-                               c.vocab_size, c.norm_eps, embed_ptr, self._ptr(model.norm.weight), cos, sin,
-                               c.max_seq_len, head, layers)
+        self.md = native_forward.Model(c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
+                                       c.intermediate_size, c.vocab_size, c.norm_eps, embed_ptr,
+                                       self._ptr(model.norm.weight), cos, sin, c.max_seq_len, head, layers)
         self.md.embed_bf16 = int(embed_bf16)
         # sqrt(dim) rounded to fp32 first, as Transformer.embed does
         self.md.embed_scale = float(torch.tensor(c.dim ** 0.5, dtype=torch.float32)) if c.embed_scale else 0.0
@@ -259,7 +260,7 @@ class NativeStep:
             if K % 64 or group % 32 or (group % 64 and group != 32):
                 raise ValueError(f"the native step needs in_features ({K}) divisible by 64 and a group size of 32 "
                                  f"or a multiple of 64, not {group}")
-            if group == 32 or with_mins:  # the products read these in blocks of 32 (cpu_step.cpp, q4_block)
+            if group == 32 or with_mins:  # the products read these in blocks of 32 (products.h, q4_block)
                 act_block = 32
             Np = (N + 15) // 16 * 16
             shapes = {"q": ((Np // 16, K // 64, 8, 16, 4), torch.uint8),

@@ -260,9 +260,9 @@ class Attention(nn.Module):
 
 def block_hadamard(x: Tensor, h: Tensor, matmul: bool = False) -> Tensor:
     """x [..., n] times the block-diagonal matrix whose blocks are h [b, b], Sylvester's +-1 matrix of order
-    b = 2^k (b divides n). By default the fast Walsh-Hadamard transform, butterflies in the order
-    cpu_step.cpp's `hadamard_row` runs them, so both paths round alike; `matmul` (the GPU path, where each
-    butterfly stage would be three tiny kernels) one product by h instead."""
+    b = 2^k (b divides n). By default the fast Walsh-Hadamard transform, butterflies in the order the native
+    step's `hadamard_row` (kernels/cpu/rows.h) runs them, so both paths round alike; `matmul` (the GPU path, where
+    each butterfly stage would be three tiny kernels) one product by h instead."""
     b = h.shape[0]
     if matmul:
         return (x.reshape(-1, b) @ h.to(x.dtype)).reshape(x.shape)

@@ -71,9 +71,10 @@ else
   pip install -e .
 fi
 
-# The native CPU step (kernels/cpu_step.cpp), built now so that the first reply does not wait for it.
+# The native CPU step (models/native_forward.cpp and the kernels it includes), built now so that the first reply
+# does not wait for it.
 if ! has_gpu; then
-  .venv/bin/python -c "from parley.kernels import native; native.build()" 2>/dev/null \
+  .venv/bin/python -c "from parley.models import native_forward; native_forward.build()" 2>/dev/null \
     && echo "setup: built the native CPU step" \
     || echo "setup: could not build the native CPU step (no C++ compiler?): Parley will use its slower PyTorch path"
 fi

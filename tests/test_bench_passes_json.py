@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from parley.kernels import native
+from parley.models import native_forward
 
 
-@pytest.mark.skipif(native.load() is None, reason="the native step is unavailable here")
+@pytest.mark.skipif(native_forward.library() is None, reason="the native step is unavailable here")
 def test_random_weights_bench_prints_one_json_object():
     out = subprocess.run(
         [sys.executable, "-m", "parley.app.cli", "bench", "passes", "--random", "small", "--passes", "1,2,4",

@@ -11,7 +11,7 @@ import torch
 from native_models import logits_in_chunks, small_model
 from torch import nn
 
-from parley.kernels import native
+from parley.models import native_forward
 from parley.models.native_step import NativeStep
 from parley.models.quantize import hadamard
 from parley.models.quantize.awq import gram
@@ -32,7 +32,8 @@ def test_block_hadamard_is_the_block_diagonal_sylvester_matrix(block):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12, msg=f"seed {block}, matmul={matmul}")
 
 
-@pytest.mark.skipif(native.load() is None, reason=f"native step unavailable: {native.why_unavailable()}")
+@pytest.mark.skipif(native_forward.library() is None,
+                    reason=f"native step unavailable: {native_forward.why_unavailable()}")
 @pytest.mark.parametrize("block", [2, 8, 16, 32, 256])
 def test_the_native_rotation_is_bitwise_pytorchs(block):
     """Same additions in the same order (the vector loops for blocks of 16 and more, the portable ones below):
@@ -45,7 +46,8 @@ def test_the_native_rotation_is_bitwise_pytorchs(block):
     want = block_hadamard(x * d, hadamard.sylvester(block))
     got = x.clone()
     for row in got:
-        native.load().parley_hadamard_row(ctypes.c_void_p(row.data_ptr()), 1536, ctypes.c_void_p(d.data_ptr()), block)
+        native_forward.library().parley_hadamard_row(ctypes.c_void_p(row.data_ptr()), 1536,
+                                                     ctypes.c_void_p(d.data_ptr()), block)
     assert torch.equal(got, want), f"seed {block}: max difference {(got - want).abs().max().item()}"
 
 
@@ -85,8 +87,8 @@ def test_an_fp32_model_with_the_rotation_keeps_its_logits_on_every_path(block):
     after = logits_in_chunks(model, ids, [50], "fp")
     err = ((after - before).abs().max() / before.abs().max()).item()
     assert err < 1e-5, f"seed {seed}: the rotation changed the PyTorch logits by {err}"
-    if native.load() is None:
-        pytest.skip(f"native step unavailable: {native.why_unavailable()}")
+    if native_forward.library() is None:
+        pytest.skip(f"native step unavailable: {native_forward.why_unavailable()}")
     got = logits_in_chunks(model, ids, [30, 1, 19], "fp", NativeStep.for_model(model, head_bits=32))
     err = ((got - before).abs().max() / before.abs().max()).item()
     assert err < 1e-4, f"seed {seed}: the native step's logits are off by {err} (relative max) with the rotation"
@@ -102,8 +104,8 @@ def test_the_native_step_rotates_an_int4_down_proj_as_pytorch_does():
         layer.mlp.down_proj = Int4Linear.from_linear(layer.mlp.down_proj, 64)
     ids = [(3 * i + seed) % 300 for i in range(40)]
     ref = logits_in_chunks(model, ids, [40], "fp")
-    if native.load() is None:
-        pytest.skip(f"native step unavailable: {native.why_unavailable()}")
+    if native_forward.library() is None:
+        pytest.skip(f"native step unavailable: {native_forward.why_unavailable()}")
     got = logits_in_chunks(model, ids, [25, 15], "fp", NativeStep.for_model(model, head_bits=32))
     rel = ((got - ref).norm() / ref.norm()).item()
     assert rel < 0.05, f"seed {seed}: relative error {rel}"

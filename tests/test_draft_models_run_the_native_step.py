@@ -9,9 +9,10 @@ from awq_tiny import outlier_model, write_hf_dir
 from parley.engine.engine import Engine
 from parley.engine.events import consume
 from parley.engine.params import GenerationParams
-from parley.kernels import native
+from parley.models import native_forward
 
-pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native step unavailable: {native.why_unavailable()}")
+pytestmark = pytest.mark.skipif(native_forward.library() is None,
+                                reason=f"native step unavailable: {native_forward.why_unavailable()}")
 
 
 @pytest.fixture(scope="module")

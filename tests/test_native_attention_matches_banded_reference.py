@@ -17,11 +17,12 @@ import pytest
 import torch
 
 from parley.kernels import native
+from parley.models import native_forward
 from parley.models.config import ModelConfig
 from parley.models.transformer import KV_CACHE_TYPES, KVCache
 
-lib = native.load()
-pytestmark = pytest.mark.skipif(lib is None, reason=f"native step unavailable: {native.why_unavailable()}")
+lib = native_forward.library()
+pytestmark = pytest.mark.skipif(lib is None, reason=f"native step unavailable: {native_forward.why_unavailable()}")
 
 MAX_LEN = 640
 

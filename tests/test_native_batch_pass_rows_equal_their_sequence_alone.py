@@ -17,11 +17,12 @@ import pytest
 import torch
 from native_models import small_model
 
-from parley.kernels import native
+from parley.models import native_forward
 from parley.models.native_step import NativeStep
 from parley.models.transformer import KV_CACHE_TYPES
 
-pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native step unavailable: {native.why_unavailable()}")
+pytestmark = pytest.mark.skipif(native_forward.library() is None,
+                                reason=f"native step unavailable: {native_forward.why_unavailable()}")
 
 
 def prefilled(model, step, kind: str, ids: list[int]):

@@ -13,11 +13,12 @@ from awq_tiny import outlier_model, write_hf_dir
 
 from parley.engine.engine import Engine
 from parley.kernels import native
-from parley.models import native_cache
+from parley.models import native_cache, native_forward
 from parley.models.native_step import NativeStep
 from parley.models.quantize import hadamard, head4
 
-pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native step unavailable: {native.why_unavailable()}")
+pytestmark = pytest.mark.skipif(native_forward.library() is None,
+                                reason=f"native step unavailable: {native_forward.why_unavailable()}")
 
 IDS = list(range(5, 60))
 

@@ -10,12 +10,13 @@ import torch
 from awq_tiny import outlier_model, write_hf_dir
 
 from parley.engine.engine import Engine
-from parley.kernels import native
+from parley.models import native_forward
 from parley.models.native_step import NativeStep
 from parley.models.quantize import head4
 from parley.models.quantize.int4_linear import Int4Linear, decoder_linears
 
-pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native step unavailable: {native.why_unavailable()}")
+pytestmark = pytest.mark.skipif(native_forward.library() is None,
+                                reason=f"native step unavailable: {native_forward.why_unavailable()}")
 
 SEED = 3
 

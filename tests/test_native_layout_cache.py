@@ -15,9 +15,10 @@ from safetensors.torch import load_file, save_file
 from parley.cache_files import file_sha256
 from parley.engine.engine import Engine
 from parley.kernels import native
-from parley.models import native_cache
+from parley.models import native_cache, native_forward
 
-pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native step unavailable: {native.why_unavailable()}")
+pytestmark = pytest.mark.skipif(native_forward.library() is None,
+                                reason=f"native step unavailable: {native_forward.why_unavailable()}")
 
 IDS = list(range(5, 60))
 

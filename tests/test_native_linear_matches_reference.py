@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from parley.kernels import native
+from parley.models import native_forward
 from parley.models.native_step import _interleave16
 
-lib = native.load()
-pytestmark = pytest.mark.skipif(lib is None, reason=f"native step unavailable: {native.why_unavailable()}")
+lib = native_forward.library()
+pytestmark = pytest.mark.skipif(lib is None, reason=f"native step unavailable: {native_forward.why_unavailable()}")
 
 
 def quantize_acts_ref(x: torch.Tensor, block: int) -> torch.Tensor:

@@ -14,9 +14,10 @@ import torch
 from test_native_linear_matches_reference import quantize_acts_ref
 
 from parley.kernels import native
+from parley.models import native_forward
 
-lib = native.load()
-pytestmark = pytest.mark.skipif(lib is None, reason=f"native step unavailable: {native.why_unavailable()}")
+lib = native_forward.library()
+pytestmark = pytest.mark.skipif(lib is None, reason=f"native step unavailable: {native_forward.why_unavailable()}")
 
 
 def run(L: native.Lin, x: torch.Tensor, library: ctypes.CDLL) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Every flavour of cpu_step.cpp is tested wherever the machine can run it, not only the one it builds by default.
+"""Every flavour of the native library is tested wherever the machine can run it, not only the one it builds by default.
 
 A build is AVX-512 VNNI, AVX2 + FMA (most laptops) or the portable loops, whichever the compiler's target allows
 (`parley_simd()`: 2, 1, 0). Here the flavours below this machine's own are built with PARLEY_NATIVE_FLAGS (the
@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from parley.kernels import native
+from parley.models import native_forward
 
 TESTS = Path(__file__).parent
-LEVEL = native.load().parley_simd() if native.load() is not None else 0
+LEVEL = native_forward.library().parley_simd() if native_forward.library() is not None else 0
 FLAVOURS = {1: "-mno-avx512f", 0: "-mno-avx2 -mno-avx512f"}  # what each flavour's build adds to -march=native
 
 pytestmark = pytest.mark.skipif(LEVEL == 0, reason="this machine builds the portable loops already: the other "
@@ -69,7 +69,7 @@ def flavour_env(level: int, folder: Path) -> dict[str, str]:
 def built(level: int, folder: Path) -> dict[str, str]:
     """The environment of a child that loads flavour `level`, built into `folder` (checked to be that flavour)."""
     env = flavour_env(level, folder)
-    check = f"from parley.kernels import native; assert native.load().parley_simd() == {level}"
+    check = f"from parley.models import native_forward; assert native_forward.library().parley_simd() == {level}"
     r = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     return env

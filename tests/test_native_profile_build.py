@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from parley.kernels import native
+from parley.models import native_forward
 
-pytestmark = pytest.mark.skipif(native.load() is None, reason="the native step is unavailable here")
+pytestmark = pytest.mark.skipif(native_forward.library() is None, reason="the native step is unavailable here")
 
 TESTS = Path(__file__).parent
 
@@ -50,6 +50,6 @@ def test_shipped_build_says_it_has_no_timer() -> None:
     from parley.bench.passes import phase_profile
 
     class Engine:  # only what phase_profile reads before it finds no timer
-        native = type("Step", (), {"lib": native.load()})()
+        native = type("Step", (), {"lib": native_forward.library()})()
 
     assert "PARLEY_PROFILE" in phase_profile(Engine(), [1, 2], 4, 1)["error"]

@@ -14,13 +14,14 @@ import pytest
 import torch
 from native_models import logits_in_chunks
 
-from parley.kernels import native
+from parley.models import native_forward
 from parley.models.config import ModelConfig
 from parley.models.native_step import NativeStep
 from parley.models.quantize.int4_linear import Int4Linear, decoder_linears
 from parley.models.transformer import KV_CACHE_TYPES, Transformer
 
-pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native step unavailable: {native.why_unavailable()}")
+pytestmark = pytest.mark.skipif(native_forward.library() is None,
+                                reason=f"native step unavailable: {native_forward.why_unavailable()}")
 
 
 def small_model(int4: bool, seed: int = 0, qkv_bias: bool = False) -> Transformer:
@@ -142,7 +143,7 @@ def test_logits_do_not_depend_on_the_thread_count(kind: str) -> None:
     ids = [rng.randrange(300) for _ in range(300)]
     model = small_model(True, 21)
     step = NativeStep.for_model(model, head_bits=8)
-    lib = native.load()
+    lib = native_forward.library()
     before = lib.parley_threads(-1)  # the count in force (-1 only asks)
     try:
         runs = {}

@@ -10,13 +10,14 @@ import random
 import pytest
 import torch
 
-from parley.kernels import native
+from parley.models import native_forward
 from parley.models.config import ModelConfig
 from parley.models.native_step import NativeStep
 from parley.models.quantize.int4_linear import Int4Linear, decoder_linears
 from parley.models.transformer import Transformer
 
-pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native step unavailable: {native.why_unavailable()}")
+pytestmark = pytest.mark.skipif(native_forward.library() is None,
+                                reason=f"native step unavailable: {native_forward.why_unavailable()}")
 
 N = 600
 HF = dict(model_type="gemma3_text", vocab_size=300, hidden_size=128, intermediate_size=256, num_hidden_layers=3,

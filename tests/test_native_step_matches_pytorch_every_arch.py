@@ -13,11 +13,12 @@ import pytest
 import torch
 from native_models import logits_in_chunks, small_model
 
-from parley.kernels import native
+from parley.models import native_forward
 from parley.models.config import SUPPORTED_ARCHITECTURES
 from parley.models.native_step import NativeStep, NativeUnavailable
 
-pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native step unavailable: {native.why_unavailable()}")
+pytestmark = pytest.mark.skipif(native_forward.library() is None,
+                                reason=f"native step unavailable: {native_forward.why_unavailable()}")
 
 
 @pytest.mark.parametrize("int4", [False, True], ids=["fp32", "int4"])

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 from test_native_step_gemma3 import gemma_model
 
-from parley.kernels import native
+from parley.models import native_forward
 from parley.models.native_step import NativeStep
 
-pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native step unavailable: {native.why_unavailable()}")
+pytestmark = pytest.mark.skipif(native_forward.library() is None,
+                                reason=f"native step unavailable: {native_forward.why_unavailable()}")
 
 
 def test_each_head_is_counted_once_at_its_own_width() -> None:

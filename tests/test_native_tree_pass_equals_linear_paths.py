@@ -17,11 +17,12 @@ from native_models import small_model
 from test_native_step_gemma3 import gemma_model
 
 from parley.engine.cached_model import CachedModel
-from parley.kernels import native
+from parley.models import native_forward
 from parley.models.native_step import NativeStep
 from parley.models.transformer import KV_CACHE_TYPES
 
-pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native step unavailable: {native.why_unavailable()}")
+pytestmark = pytest.mark.skipif(native_forward.library() is None,
+                                reason=f"native step unavailable: {native_forward.why_unavailable()}")
 
 # parents of each node; the first few nodes are the chain (node m the child of m - 1)
 TREES = {

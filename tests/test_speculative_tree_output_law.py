@@ -38,10 +38,11 @@ from parley.engine.events import Done, Stats, TextDelta
 from parley.engine.sampling import probs
 from parley.engine.speculation_pay import AdaptiveDraftLength, PassCost
 from parley.engine.speculative import SuffixMatch
-from parley.kernels import native
+from parley.models import native_forward
 from parley.models.native_step import NativeStep
 
-pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native step unavailable: {native.why_unavailable()}")
+pytestmark = pytest.mark.skipif(native_forward.library() is None,
+                                reason=f"native step unavailable: {native_forward.why_unavailable()}")
 
 MESSAGES = [{"role": "user", "content": "abc"}, {"role": "assistant", "content": "¹ÓDÓDÓ"},
             {"role": "user", "content": "abc"}, {"role": "assistant", "content": "¨tÓDÓD"},

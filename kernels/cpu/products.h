@@ -1,0 +1,893 @@
+// The weight products y = x W^T (+ bias) of the native CPU step, in every layout it reads and every flavour.
+//
+// `Lin` describes one product (INT4 in groups, the int8 output head, F32, BF16); `quantize_row` / `quantize_acts`
+// turn a row of activations into int8 per block of 64 or 32 inputs, what the integer products read; then the
+// products: VNNI (INT4 / int8-head tiles of 1..8 positions x 16 columns, INT4 and int8-head pair tiles of 4 or 8
+// positions x 32 columns, F32 / BF16 tiles of 4 x 4), AVX2 (tiles of 1..8 positions, the head 1..4, x 8 columns,
+// a 16-column block as two halves), the portable loops, and `linear`, which splits one product over the threads
+// of the caller's parallel region.
+//
+// Batch invariance by construction: every (position, column) is computed by the same sequence of operations
+// whether the pass holds 1 position or 512, and whichever thread computes it. Tiles over positions only reuse
+// loaded weights; they never reorder a position's arithmetic.
+
+#pragma once
+#include "profile.h"
+#include "simd.h"
+
+enum { W_Q4 = 0, W_F32 = 1, W_Q8 = 2, W_BF16 = 3 };
+
+// A linear layer y = x W^T (+ bias). Q4: 4-bit q with w = (q - z) * s per group of `group` inputs, s fp16
+// (the checkpoint's own scales, bits in s16) and z uint8, in the column-block layout described at
+// q4_block. Q8 (output head): int8 with one fp32 scale per output column in s. F32: w [N][K]. BF16: w [N][K]
+// as bf16 bits (a bf16 checkpoint held as it is stored), widened to fp32 as it is read: the F32 product's
+// arithmetic on the same values, at half the bytes.
+// act_block: the block of inputs its activations are quantized in, 64 or 32 (Q4; the packer's choice, see
+// `lin_block`); the int8 head always reads 32.
+struct Lin {
+    int32_t kind, N, K, group;
+    const uint8_t* q;
+    const float* s;
+    const uint16_t* s16;
+    const uint8_t* z;
+    const float* w;
+    const float* bias;
+    int32_t act_block;
+    // Q4 only, or null: a float minimum per group, w = (q - z) * s + m (GGUF's Q4_1 and Q4_K: scale and
+    // minimum per 32 inputs), fp16 bits [N/16][K/G][16] as s16. Products with one read blocks of 32.
+    const uint16_t* m16;
+};
+
+// Activations quantized to int8 per position, in blocks of 64 or 32 inputs (what the integer dot products read).
+//
+// One scale per 64 inputs, the INT4 weights' own chunk (and the embedded model's group): a product then
+// converts and scales one exact int32 sum per (position, 64 inputs), not two. Blocks of 32 where 64 costs
+// accuracy: the MLP's down projection (its input, the SwiGLU output, has the outliers) and the int8 head
+// (`parley bench quality` compares the choices; docs/cpu-step.md). Which block a product reads is the packer's
+// choice (Lin.act_block).
+
+struct Act {  // rows of K inputs; which K and block size a product reads is its own (Lin.K, lin_block)
+    int8_t* q;     // [M][K]
+    float* d;      // [M][K/bs]: block scales
+    int32_t* xs;   // [M][K/bs]: block sums of q (the zero points' share, and the +128 of the int8 head's weights)
+};
+
+// The activation block a product reads: 32 for the int8 head and INT4 products packed so, else 64.
+static inline int lin_block(const Lin* L) { return L->kind == 2 /* W_Q8 */ || L->act_block == 32 ? 32 : 64; }
+// Products that read 8-bit activations (INT4 and the int8 head); F32 and BF16 read the fp32 rows themselves.
+static inline bool quantized(const Lin* L) { return L->kind == 0 /* W_Q4 */ || L->kind == 2 /* W_Q8 */; }
+// Float products (F32, BF16) keep gate and up as two halves [gate; up] (each module's rows, read in place);
+// the INT4 packer interleaves them by 16 columns.
+static inline bool split_gate_up(const Lin* L) { return !quantized(L); }
+
+static void quantize_row(const float* x, int K, int bs, const Act* a, int m) {
+    const int nv = bs / 16;
+    int8_t* q = a->q + (size_t)m * K;
+    float* d = a->d + (size_t)m * (K / bs);
+    int32_t* xs = a->xs + (size_t)m * (K / bs);
+    for (int b = 0; b < K / bs; b++) {
+        const float* xb = x + b * bs;
+#if PARLEY_VNNI  // the same values as the loop below: max and integer sums are exact, x * inv rounds to even
+        __m512 xv[4];
+        __m512 mv = _mm512_setzero_ps();
+        for (int u = 0; u < nv; u++) {
+            xv[u] = _mm512_loadu_ps(xb + 16 * u);
+            mv = _mm512_max_ps(mv, _mm512_abs_ps(xv[u]));
+        }
+        const float amax = _mm512_reduce_max_ps(mv);
+        const float db = amax / 127.0f, inv = db > 0 ? 1.0f / db : 0.0f;
+        const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
+        __m512i sum = _mm512_setzero_si512();
+        for (int u = 0; u < nv; u++) {
+            __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(xv[u], _mm512_set1_ps(inv)));
+            qi = _mm512_max_epi32(_mm512_min_epi32(qi, lim), nlim);
+            _mm_storeu_si128((__m128i*)(q + b * bs + 16 * u), _mm512_cvtepi32_epi8(qi));
+            sum = _mm512_add_epi32(sum, qi);
+        }
+        d[b] = db;
+        xs[b] = _mm512_reduce_add_epi32(sum);
+#elif PARLEY_AVX2  // the same values again
+        __m256 xv[8];
+        __m256 mv = _mm256_setzero_ps();
+        for (int u = 0; u < 2 * nv; u++) {
+            xv[u] = _mm256_loadu_ps(xb + 8 * u);
+            mv = _mm256_max_ps(mv, abs8(xv[u]));
+        }
+        const float amax = hmax8(mv);
+        const float db = amax / 127.0f, inv = db > 0 ? 1.0f / db : 0.0f;
+        const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
+        __m256i sum = _mm256_setzero_si256();
+        for (int u = 0; u < 2 * nv; u += 4) {
+            __m256i qi[4];
+            for (int k = 0; k < 4; k++) {
+                qi[k] = _mm256_cvtps_epi32(_mm256_mul_ps(xv[u + k], _mm256_set1_ps(inv)));
+                qi[k] = _mm256_max_epi32(_mm256_min_epi32(qi[k], lim), nlim);
+                sum = _mm256_add_epi32(sum, qi[k]);
+            }
+            store_i8x32(q + b * bs + 8 * u, qi[0], qi[1], qi[2], qi[3]);
+        }
+        d[b] = db;
+        xs[b] = hsum8i(sum);
+#else
+        float amax = 0.0f;
+        for (int i = 0; i < bs; i++) amax = std::fmax(amax, std::fabs(xb[i]));
+        const float db = amax / 127.0f, inv = db > 0 ? 1.0f / db : 0.0f;
+        int sum = 0;
+        for (int i = 0; i < bs; i++) {
+            int v = (int)std::nearbyint(xb[i] * inv);
+            v = v > 127 ? 127 : (v < -127 ? -127 : v);
+            q[b * bs + i] = (int8_t)v;
+            sum += v;
+        }
+        d[b] = db;
+        xs[b] = sum;
+#endif
+    }
+}
+
+// Called inside a parallel region (an orphaned `omp for`: the threads split the rows, then meet).
+static void quantize_acts(const float* x, int M, int K, int bs, const Act* a) {
+#pragma omp for schedule(static) PARLEY_NOWAIT
+    for (int m = 0; m < M; m++) quantize_row(x + (size_t)m * K, K, bs, a, m);
+}
+
+// Products over blocks of 16 output columns, the 16 columns in the 16 lanes of a vector: one VNNI
+// instruction multiplies 4 inputs of one position (broadcast) by the same 4 inputs' weights of 16
+// columns. Sums within an activation block (64 inputs, or 32: `lin_block`) are exact int32; each block then
+// adds once, in float, to the column's sum, in input order. No horizontal sums, and every (position, column)
+// runs the same arithmetic whatever the tile of positions it is computed in.
+//
+// Q4 layout, per 16-column block and 64-input chunk: 8 vectors of 64 bytes; byte 4n + j of vector t holds
+// q[n][4t + j] (low nibble) and q[n][32 + 4t + j] (high nibble). s16, z: [N/16][K/G][16]. Both nibbles are
+// used as 16 x their value (`v & 0xf0`, and `(v << 4) & 0xf0`), so one int32 accumulator per position holds
+// 16 x the chunk's sum of q * x; the zero point enters in the same integers (- 16 z * the activations' block
+// sum, one `vpdpwssd`), and the exact sum 16 sum (q - z) x (< 2^21) meets d * s / 16 once: one conversion and
+// one multiply-add per (position, 64 inputs).
+// Q8 layout (head): 16 vectors of 64 bytes per chunk; byte 4n + j of vector t is w[n][4t + j] + 128.
+
+static inline int32_t load_i32(const int8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+#if PARLEY_VNNI
+// INT4 weights stream from memory once per pass: each vector loaded asks for the one this far ahead (the blocks
+// of a thread's columns are contiguous, so it runs on into the next block). 4 KB ahead runs faster than 2, and
+// 8 or 16 no faster (docs/cpu-step.md, "Tried and not kept"). The int8 head a block at a time runs slower with
+// it, so q8_block has none; its pair tiles (more arithmetic per byte) prefetch the next pair.
+constexpr int PREFETCH_BYTES = 4096;
+
+template <int R, int AB>
+static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y, int ldy) {
+    // groups of 32 (GGUF's Q4 formats; blocks of 32 only): two groups per chunk, hf's own below
+    const int K = L->K, nc = K / 64, G = L->group, ng = K / G, cpg = G >= 64 ? G / 64 : 1;
+    // independent partial sums per position (short dependency chains); blocks of 32: low and high apart
+    constexpr int P = AB == 32 ? 2 : (R <= 2 ? 4 : (R < 6 ? 2 : 1));
+    const uint8_t* wq = L->q + (size_t)nb * nc * 512;
+    const uint16_t* S = L->s16 + (size_t)nb * ng * 16;
+    const uint8_t* Z = L->z + (size_t)nb * ng * 16;
+    const uint16_t* Mn = L->m16 ? L->m16 + (size_t)nb * ng * 16 : nullptr;
+    const __m512i hi = _mm512_set1_epi8((char)0xf0);
+    __m512 acc[R];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    __m512i zn = _mm512_setzero_si512();  // the group's -16 z as int16 in the low half of each lane
+    __m512 s_16 = _mm512_setzero_ps();    // the group's s / 16 (exact)
+    // the same for each half of the chunk (groups of 32), and each half's minimum (zero without one)
+    __m512i zh[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    __m512 sh[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, mh[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int ci = 0; ci < nc; ci++) {
+        if (ci % cpg == 0) {
+            for (int hf = 0; hf < (G == 32 ? 2 : 1); hf++) {
+                const int g = G == 32 ? 2 * ci + hf : ci / cpg;
+                const __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(Z + (size_t)g * 16)));
+                zn = _mm512_and_si512(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(z, 4)), _mm512_set1_epi32(0xffff));
+                s_16 = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(S + (size_t)g * 16))), _mm512_set1_ps(0.0625f));
+                zh[hf] = zn, sh[hf] = s_16;
+                if (Mn) mh[hf] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(Mn + (size_t)g * 16)));
+            }
+            if (G != 32) zh[1] = zh[0], sh[1] = sh[0], mh[1] = mh[0];
+        }
+        __m512i ib[R][P];
+        for (int r = 0; r < R; r++)
+            for (int p = 0; p < P; p++) ib[r][p] = _mm512_setzero_si512();
+        const uint8_t* w = wq + (size_t)ci * 512;
+        if constexpr (AB == 32) {
+            // Blocks of 32 (the MLP's down projection): two live sums per position, 2R accumulators. Unrolled
+            // here because, left to itself, the compiler keeps this loop rolled and 2 of them on the stack, each
+            // `vpdpbusd` then waiting on a store and a reload.
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                _mm_prefetch((const char*)(w + PREFETCH_BYTES + t * 64), _MM_HINT_T0);
+                const __m512i v = _mm512_loadu_si512((const void*)(w + t * 64));
+                const __m512i l = _mm512_and_si512(_mm512_slli_epi16(v, 4), hi), h = _mm512_and_si512(v, hi);
+                for (int r = 0; r < R; r++) {
+                    const int8_t* x = a->q + (size_t)(m0 + r) * K + ci * 64 + 4 * t;
+                    ib[r][0] = _mm512_dpbusd_epi32(ib[r][0], l, _mm512_set1_epi32(load_i32(x)));
+                    ib[r][1] = _mm512_dpbusd_epi32(ib[r][1], h, _mm512_set1_epi32(load_i32(x + 32)));
+                }
+            }
+        } else {
+            for (int t = 0; t < 8; t++) {
+                _mm_prefetch((const char*)(w + PREFETCH_BYTES + t * 64), _MM_HINT_T0);
+                const __m512i v = _mm512_loadu_si512((const void*)(w + t * 64));
+                const __m512i l = _mm512_and_si512(_mm512_slli_epi16(v, 4), hi), h = _mm512_and_si512(v, hi);
+                for (int r = 0; r < R; r++) {
+                    const int8_t* x = a->q + (size_t)(m0 + r) * K + ci * 64 + 4 * t;
+                    ib[r][2 * t % P] = _mm512_dpbusd_epi32(ib[r][2 * t % P], l, _mm512_set1_epi32(load_i32(x)));
+                    ib[r][(2 * t + 1) % P] = _mm512_dpbusd_epi32(ib[r][(2 * t + 1) % P], h, _mm512_set1_epi32(load_i32(x + 32)));
+                }
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            if constexpr (AB == 32) {  // ib[r][0]: inputs 0..31 of the chunk (low nibbles), ib[r][1]: 32..63
+                for (int hf = 0; hf < 2; hf++) {
+                    const size_t blk = (size_t)(m0 + r) * 2 * nc + 2 * ci + hf;
+                    const __m512i b = _mm512_dpwssd_epi32(ib[r][hf], zh[hf], _mm512_set1_epi32(a->xs[blk]));
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_mul_ps(_mm512_set1_ps(a->d[blk]), sh[hf]), acc[r]);
+                    // the minimum's share: m times the block's sum of x (d times its exact integer sum)
+                    if (Mn) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a->d[blk] * (float)a->xs[blk]), mh[hf], acc[r]);
+                }
+                continue;
+            }
+            __m512i b = ib[r][0];
+            if (P == 4) b = _mm512_add_epi32(_mm512_add_epi32(b, ib[r][2]), _mm512_add_epi32(ib[r][1], ib[r][3]));
+            if (P == 2) b = _mm512_add_epi32(b, ib[r][1]);
+            const size_t blk = (size_t)(m0 + r) * nc + ci;
+            b = _mm512_dpwssd_epi32(b, zn, _mm512_set1_epi32(a->xs[blk]));  // |block sum| <= 64 * 127: an int16
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_mul_ps(_mm512_set1_ps(a->d[blk]), s_16), acc[r]);
+        }
+    }
+    const int n0 = nb * 16, cnt = L->N - n0 < 16 ? L->N - n0 : 16;
+    const __mmask16 mask = (__mmask16)((1u << cnt) - 1);
+    for (int r = 0; r < R; r++) {
+        __m512 v = acc[r];
+        if (L->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, L->bias + n0));
+        _mm512_mask_storeu_ps(y + (size_t)(m0 + r) * ldy + n0, mask, v);
+    }
+}
+
+// Two column blocks x 4 positions (blocks of 64 inputs): each broadcast activation feeds two `vpdpbusd`, one
+// per block. Why: on Zen 5 a broadcast from memory costs nearly what a `vpdpbusd` does, so one block at a time
+// (a broadcast per `vpdpbusd`) runs well short of the core's peak, and one broadcast per two instructions
+// recovers part of it. R = 4 positions for a prefill: the tile's 8 int32 and 8 float sums, 4 unpacked weight
+// vectors and 2 broadcasts stay in registers (2 x 8 positions would spill every float sum to the stack each
+// chunk); R = 8 for short passes, where the weights stream from memory (see quant_block). Each (position,
+// column) sums the same exact int32 per 64 inputs and meets its scale in the same float operations, in input
+// order: the same bits as `q4_block`. The down projection (blocks of 32) runs slower paired and stays on
+// `q4_block` (docs/cpu-step.md, "Tried and not kept").
+template <int R>
+static inline void q4_pair(const Lin* L, int nb, const Act* a, int m0, float* y, int ldy) {
+    const int K = L->K, nc = K / 64, G = L->group, ng = K / G, cpg = G / 64;
+    const uint8_t* wq = L->q + (size_t)nb * nc * 512;  // block nb + 1 follows at + nc * 512
+    const uint16_t* S = L->s16 + (size_t)nb * ng * 16;  // and its scales / zero points at + ng * 16
+    const uint8_t* Z = L->z + (size_t)nb * ng * 16;
+    const __m512i hi = _mm512_set1_epi8((char)0xf0);
+    __m512 acc[2][R];
+    for (int c = 0; c < 2; c++)
+        for (int r = 0; r < R; r++) acc[c][r] = _mm512_setzero_ps();
+    __m512i zn[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    __m512 s_16[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int ci = 0; ci < nc; ci++) {
+        if (ci % cpg == 0) {
+            const int g = ci / cpg;
+            for (int c = 0; c < 2; c++) {
+                const size_t o = ((size_t)c * ng + g) * 16;
+                const __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(Z + o)));
+                zn[c] = _mm512_and_si512(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(z, 4)), _mm512_set1_epi32(0xffff));
+                s_16[c] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(S + o))), _mm512_set1_ps(0.0625f));
+            }
+        }
+        const uint8_t* w0 = wq + (size_t)ci * 512;
+        const uint8_t* w1 = w0 + (size_t)nc * 512;
+        __m512i ib[2][R];
+        for (int c = 0; c < 2; c++)
+            for (int r = 0; r < R; r++) ib[c][r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; t++) {
+            // the same place in the next pair of blocks (the thread's next work item): PREFETCH_BYTES ahead
+            // of each block would land in the other block of this pair, already being read
+            _mm_prefetch((const char*)(w0 + 2 * nc * 512 + t * 64), _MM_HINT_T0);
+            _mm_prefetch((const char*)(w1 + 2 * nc * 512 + t * 64), _MM_HINT_T0);
+            const __m512i v0 = _mm512_loadu_si512((const void*)(w0 + t * 64));
+            const __m512i v1 = _mm512_loadu_si512((const void*)(w1 + t * 64));
+            const __m512i l0 = _mm512_and_si512(_mm512_slli_epi16(v0, 4), hi), h0 = _mm512_and_si512(v0, hi);
+            const __m512i l1 = _mm512_and_si512(_mm512_slli_epi16(v1, 4), hi), h1 = _mm512_and_si512(v1, hi);
+            for (int r = 0; r < R; r++) {
+                const int8_t* x = a->q + (size_t)(m0 + r) * K + ci * 64 + 4 * t;
+                const __m512i xl = _mm512_set1_epi32(load_i32(x)), xh = _mm512_set1_epi32(load_i32(x + 32));
+                ib[0][r] = _mm512_dpbusd_epi32(ib[0][r], l0, xl);
+                ib[1][r] = _mm512_dpbusd_epi32(ib[1][r], l1, xl);
+                ib[0][r] = _mm512_dpbusd_epi32(ib[0][r], h0, xh);
+                ib[1][r] = _mm512_dpbusd_epi32(ib[1][r], h1, xh);
+            }
+        }
+        for (int c = 0; c < 2; c++)
+            for (int r = 0; r < R; r++) {  // as q4_block: the zero point in the integers, then one multiply-add
+                const size_t blk = (size_t)(m0 + r) * nc + ci;
+                const __m512i b = _mm512_dpwssd_epi32(ib[c][r], zn[c], _mm512_set1_epi32(a->xs[blk]));
+                acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_mul_ps(_mm512_set1_ps(a->d[blk]), s_16[c]), acc[c][r]);
+            }
+    }
+    for (int c = 0; c < 2; c++) {
+        const int n0 = (nb + c) * 16, cnt = L->N - n0 < 16 ? L->N - n0 : 16;
+        const __mmask16 mask = (__mmask16)((1u << cnt) - 1);
+        for (int r = 0; r < R; r++) {
+            __m512 v = acc[c][r];
+            if (L->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, L->bias + n0));
+            _mm512_mask_storeu_ps(y + (size_t)(m0 + r) * ldy + n0, mask, v);
+        }
+    }
+}
+
+template <int R>
+static inline void q8_block(const Lin* L, int nb, const Act* a, int m0, float* y, int ldy) {
+    const int K = L->K, nc = K / 64;
+    constexpr int P = R < 4 ? 2 : 1;
+    const uint8_t* wq = L->q + (size_t)nb * nc * 1024;
+    __m512 acc[R];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int ci = 0; ci < nc; ci++) {
+        const uint8_t* w = wq + (size_t)ci * 1024;
+        for (int half = 0; half < 2; half++) {
+            __m512i ib[R][P];
+            for (int r = 0; r < R; r++)
+                for (int p = 0; p < P; p++) ib[r][p] = _mm512_setzero_si512();
+            for (int t = 0; t < 8; t++) {
+                const __m512i v = _mm512_loadu_si512((const void*)(w + (half * 8 + t) * 64));
+                for (int r = 0; r < R; r++) {
+                    const int8_t* x = a->q + (size_t)(m0 + r) * K + ci * 64 + half * 32 + 4 * t;
+                    ib[r][t % P] = _mm512_dpbusd_epi32(ib[r][t % P], v, _mm512_set1_epi32(load_i32(x)));
+                }
+            }
+            for (int r = 0; r < R; r++) {
+                __m512i b = ib[r][0];
+                if (P == 2) b = _mm512_add_epi32(b, ib[r][P - 1]);
+                const size_t blk = (size_t)(m0 + r) * (K / 32) + 2 * ci + half;
+                b = _mm512_sub_epi32(b, _mm512_set1_epi32(128 * a->xs[blk]));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_set1_ps(a->d[blk]), acc[r]);
+            }
+        }
+    }
+    const int n0 = nb * 16, cnt = L->N - n0 < 16 ? L->N - n0 : 16;
+    const __mmask16 mask = (__mmask16)((1u << cnt) - 1);
+    const __m512 s = _mm512_maskz_loadu_ps(mask, L->s + n0);
+    for (int r = 0; r < R; r++) {
+        __m512 v = _mm512_mul_ps(acc[r], s);
+        if (L->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, L->bias + n0));
+        _mm512_mask_storeu_ps(y + (size_t)(m0 + r) * ldy + n0, mask, v);
+    }
+}
+
+// The int8 head in pair tiles: two column blocks x R (4 or 8) positions, each broadcast activation word feeding
+// one `vpdpbusd` per block (the reason, as for q4_pair: a broadcast costs nearly what a `vpdpbusd` does on this
+// core). Per (position, column) the same exact int32 sum per 32 inputs, the same `- 128 x` correction and the
+// same float multiply-add in input order as q8_block: the same bits. Why: q8_block issues one broadcast per
+// `vpdpbusd`, which leaves the head, a large share of a short pass, far below the core's peak.
+template <int R>
+static inline void q8_pair(const Lin* L, int nb, const Act* a, int m0, float* y, int ldy) {
+    const int K = L->K, nc = K / 64;
+    const uint8_t* wq = L->q + (size_t)nb * nc * 1024;  // block nb + 1 follows at + nc * 1024
+    __m512 acc[2][R];
+    for (int c = 0; c < 2; c++)
+        for (int r = 0; r < R; r++) acc[c][r] = _mm512_setzero_ps();
+    for (int ci = 0; ci < nc; ci++) {
+        const uint8_t* w0 = wq + (size_t)ci * 1024;
+        const uint8_t* w1 = w0 + (size_t)nc * 1024;
+        for (int half = 0; half < 2; half++) {
+            __m512i ib[2][R];
+            for (int c = 0; c < 2; c++)
+                for (int r = 0; r < R; r++) ib[c][r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                // the same place in the next pair (the thread's next work item), as q4_pair: in a pass the head
+                // streams from memory, and without this the pair's two streams left the tile waiting on them
+                _mm_prefetch((const char*)(w0 + 2 * nc * 1024 + (half * 8 + t) * 64), _MM_HINT_T0);
+                _mm_prefetch((const char*)(w1 + 2 * nc * 1024 + (half * 8 + t) * 64), _MM_HINT_T0);
+                const __m512i v0 = _mm512_loadu_si512((const void*)(w0 + (half * 8 + t) * 64));
+                const __m512i v1 = _mm512_loadu_si512((const void*)(w1 + (half * 8 + t) * 64));
+                for (int r = 0; r < R; r++) {
+                    const __m512i x = _mm512_set1_epi32(load_i32(a->q + (size_t)(m0 + r) * K + ci * 64 + half * 32 + 4 * t));
+                    ib[0][r] = _mm512_dpbusd_epi32(ib[0][r], v0, x);
+                    ib[1][r] = _mm512_dpbusd_epi32(ib[1][r], v1, x);
+                }
+            }
+            for (int c = 0; c < 2; c++)
+                for (int r = 0; r < R; r++) {  // as q8_block
+                    const size_t blk = (size_t)(m0 + r) * (K / 32) + 2 * ci + half;
+                    const __m512i b = _mm512_sub_epi32(ib[c][r], _mm512_set1_epi32(128 * a->xs[blk]));
+                    acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_set1_ps(a->d[blk]), acc[c][r]);
+                }
+        }
+    }
+    for (int c = 0; c < 2; c++) {
+        const int n0 = (nb + c) * 16, cnt = L->N - n0 < 16 ? L->N - n0 : 16;
+        const __mmask16 mask = (__mmask16)((1u << cnt) - 1);
+        const __m512 s = _mm512_maskz_loadu_ps(mask, L->s + n0);
+        for (int r = 0; r < R; r++) {
+            __m512 v = _mm512_mul_ps(acc[c][r], s);
+            if (L->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, L->bias + n0));
+            _mm512_mask_storeu_ps(y + (size_t)(m0 + r) * ldy + n0, mask, v);
+        }
+    }
+}
+
+static inline __m512 load_bf16x16(const uint16_t* p) {  // 16 bf16 -> fp32, exact
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+template <int R, int C, bool BF16 = false>
+static inline void f32_tile(const Lin* L, int n0, const float* x, int m0, float* y, int ldy) {
+    const int K = L->K;
+    __m512 acc[R][C];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k += 16) {
+        __m512 w[C];
+        for (int c = 0; c < C; c++)
+            w[c] = BF16 ? load_bf16x16((const uint16_t*)L->w + (size_t)(n0 + c) * K + k)
+                        : _mm512_loadu_ps(L->w + (size_t)(n0 + c) * K + k);
+        for (int r = 0; r < R; r++) {
+            __m512 xv = _mm512_loadu_ps(x + (size_t)(m0 + r) * K + k);
+            for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(w[c], xv, acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            float v = hsum(acc[r][c]);
+            if (L->bias) v += L->bias[n0 + c];
+            y[(size_t)(m0 + r) * ldy + n0 + c] = v;
+        }
+}
+#endif
+
+#if PARLEY_AVX2
+// The products on AVX2: the same packed layouts, a 16-column block as two halves of 8 columns (bytes 0..31 and
+// 32..63 of each 64-byte vector), the 8 columns in the 8 int32 lanes. `vpmaddubsw` multiplies the unsigned
+// weight bytes by a broadcast word of 4 signed activations and adds adjacent pairs to int16; `vpmaddwd` by ones
+// then adds the pairs to one int32 per column. INT4: a nibble (0..15) times an activation (|x| <= 127) is at
+// most 1,905, a pair 3,810, so the int16 pairs of 8 words (32 inputs) add up exactly (<= 30,480) before one
+// `vpmaddwd` per 32 inputs; the zero point enters as - z x the block sum (`vpmaddwd` of -z by it, |sum| <=
+// 8,128). Every sum per activation block is the exact int32 of the AVX-512 path (which holds 16 x it, its
+// scale / 16), met by its scale in one multiply-add in input order: per (position, column) the same float
+// operations whatever the tile, and for INT4 and the int8 head the AVX-512 path's own values.
+constexpr int PREFETCH_BYTES = 4096;  // as the AVX-512 path's
+
+// The sum as it stands, in a register: GCC reassociates a chain of integer adds into a tree of all the products
+// (exact either way), keeping each product on the stack until the tree sums them; this keeps the chain.
+static inline __m256i chain(__m256i v) {
+    __asm__("" : "+x"(v));
+    return v;
+}
+
+template <int R, int AB, int NH>
+static inline void q4_tile(const Lin* L, int nb, int h0, const Act* a, int m0, float* y, int ldy) {
+    const int K = L->K, nc = K / 64, G = L->group, ng = K / G, cpg = G >= 64 ? G / 64 : 1;
+    const uint8_t* wq = L->q + (size_t)nb * nc * 512 + 32 * h0;
+    const uint16_t* S = L->s16 + (size_t)nb * ng * 16 + 8 * h0;
+    const uint8_t* Z = L->z + (size_t)nb * ng * 16 + 8 * h0;
+    const uint16_t* Mn = L->m16 ? L->m16 + (size_t)nb * ng * 16 + 8 * h0 : nullptr;
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256 acc[R][NH];
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < NH; h++) acc[r][h] = _mm256_setzero_ps();
+    // per half of the chunk (groups of 32; else both the chunk's group): -z as int16 in the low half of each
+    // lane, the scale, the minimum (zero without one)
+    __m256i zn[2][NH];
+    __m256 sc[2][NH], mn[2][NH];
+    for (int hf = 0; hf < 2; hf++)
+        for (int h = 0; h < NH; h++) zn[hf][h] = _mm256_setzero_si256(), sc[hf][h] = mn[hf][h] = _mm256_setzero_ps();
+    for (int ci = 0; ci < nc; ci++) {
+        if (ci % cpg == 0) {
+            for (int hf = 0; hf < (G == 32 ? 2 : 1); hf++) {
+                const int g = G == 32 ? 2 * ci + hf : ci / cpg;
+                for (int h = 0; h < NH; h++) {
+                    const size_t o = (size_t)g * 16 + 8 * h;
+                    const __m256i z = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(Z + o)));
+                    zn[hf][h] = _mm256_and_si256(_mm256_sub_epi32(_mm256_setzero_si256(), z), _mm256_set1_epi32(0xffff));
+                    sc[hf][h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(S + o)));
+                    if (Mn) mn[hf][h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(Mn + o)));
+                }
+            }
+            if (G != 32)
+                for (int h = 0; h < NH; h++) zn[1][h] = zn[0][h], sc[1][h] = sc[0][h], mn[1][h] = mn[0][h];
+        }
+        const uint8_t* w = wq + (size_t)ci * 512;
+        // The low nibbles (inputs 0..31 of the chunk), then the high ones (32..63): one int16 sum per position in
+        // registers, so a tile holds 8 positions (both at once spilled sums to the stack at 4).
+        __m256i part[2][R][NH];
+        if constexpr (R == 1) {  // one position: both nibbles of each vector as it is loaded (4 sums)
+            __m256i acc16[2][NH];
+            for (int hf = 0; hf < 2; hf++)
+                for (int h = 0; h < NH; h++) acc16[hf][h] = _mm256_setzero_si256();
+            for (int t0 = 0; t0 < 8; t0 += 2)
+                for (int t = t0; t < t0 + 2; t++) {
+                    _mm_prefetch((const char*)(w + PREFETCH_BYTES + t * 64), _MM_HINT_T0);
+                    const int8_t* x = a->q + (size_t)m0 * K + ci * 64 + 4 * t;
+                    const __m256i xl = _mm256_set1_epi32(load_i32(x)), xh = _mm256_set1_epi32(load_i32(x + 32));
+                    for (int h = 0; h < NH; h++) {
+                        const __m256i v = _mm256_loadu_si256((const __m256i*)(w + t * 64 + 32 * h));
+                        acc16[0][h] = chain(_mm256_add_epi16(acc16[0][h], _mm256_maddubs_epi16(_mm256_and_si256(v, lo4), xl)));
+                        acc16[1][h] = chain(_mm256_add_epi16(acc16[1][h], _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo4), xh)));
+                    }
+                }
+            for (int hf = 0; hf < 2; hf++)
+                for (int h = 0; h < NH; h++) part[hf][0][h] = _mm256_madd_epi16(acc16[hf][h], ones);
+        } else
+#pragma GCC unroll 2
+        for (int hf = 0; hf < 2; hf++) {
+            __m256i acc16[R][NH];
+            for (int r = 0; r < R; r++)
+                for (int h = 0; h < NH; h++) acc16[r][h] = _mm256_setzero_si256();
+            for (int t0 = 0; t0 < 8; t0 += 2)  // two steps a round: rolled one at a time, GCC copied every sum between registers
+                for (int t = t0; t < t0 + 2; t++) {
+                    if (hf == 0) _mm_prefetch((const char*)(w + PREFETCH_BYTES + t * 64), _MM_HINT_T0);
+                    __m256i wt[NH];
+                    for (int h = 0; h < NH; h++) {
+                        const __m256i v = _mm256_loadu_si256((const __m256i*)(w + t * 64 + 32 * h));
+                        wt[h] = _mm256_and_si256(hf ? _mm256_srli_epi16(v, 4) : v, lo4);
+                    }
+                    for (int r = 0; r < R; r++) {
+                        const __m256i xb = _mm256_set1_epi32(load_i32(a->q + (size_t)(m0 + r) * K + ci * 64 + 32 * hf + 4 * t));
+                        for (int h = 0; h < NH; h++) acc16[r][h] = chain(_mm256_add_epi16(acc16[r][h], _mm256_maddubs_epi16(wt[h], xb)));
+                    }
+                }
+            for (int r = 0; r < R; r++)
+                for (int h = 0; h < NH; h++) part[hf][r][h] = _mm256_madd_epi16(acc16[r][h], ones);
+        }
+        for (int r = 0; r < R; r++)
+            for (int h = 0; h < NH; h++) {
+                const __m256i bl = part[0][r][h], bh = part[1][r][h];
+                if constexpr (AB == 32) {  // the two blocks of the chunk apart, each with its own group
+                    for (int hf = 0; hf < 2; hf++) {
+                        const size_t blk = (size_t)(m0 + r) * 2 * nc + 2 * ci + hf;
+                        const __m256i b = _mm256_add_epi32(hf ? bh : bl, _mm256_madd_epi16(zn[hf][h], _mm256_set1_epi32(a->xs[blk])));
+                        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b), _mm256_mul_ps(_mm256_set1_ps(a->d[blk]), sc[hf][h]), acc[r][h]);
+                        if (Mn) acc[r][h] = _mm256_fmadd_ps(_mm256_set1_ps(a->d[blk] * (float)a->xs[blk]), mn[hf][h], acc[r][h]);
+                    }
+                } else {
+                    const size_t blk = (size_t)(m0 + r) * nc + ci;
+                    const __m256i b = _mm256_add_epi32(_mm256_add_epi32(bl, bh), _mm256_madd_epi16(zn[0][h], _mm256_set1_epi32(a->xs[blk])));
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b), _mm256_mul_ps(_mm256_set1_ps(a->d[blk]), sc[0][h]), acc[r][h]);
+                }
+            }
+    }
+    for (int h = 0; h < NH; h++) {
+        const int n0 = nb * 16 + 8 * (h0 + h), cnt = L->N - n0;
+        if (cnt <= 0) break;
+        const __m256i mask = lanes8(cnt);
+        for (int r = 0; r < R; r++) {
+            __m256 v = acc[r][h];
+            if (L->bias) v = _mm256_add_ps(v, _mm256_maskload_ps(L->bias + n0, mask));
+            float* dst = y + (size_t)(m0 + r) * ldy + n0;
+            if (cnt >= 8) _mm256_storeu_ps(dst, v);
+            else _mm256_maskstore_ps(dst, mask, v);
+        }
+    }
+}
+
+// The int8 head: signed weights w = byte - 128 (the layout's +128 undone), |w| <= 128 unsigned times
+// sign(x, w) (|x| <= 127): w x exactly, a pair at most 32,512, no int16 saturation; `vpmaddwd` by ones each
+// word. The exact int32 per 32 inputs of the AVX-512 path (its - 128 x block sum done here in the bytes).
+template <int R, int NH>
+static inline void q8_tile(const Lin* L, int nb, int h0, const Act* a, int m0, float* y, int ldy) {
+    const int K = L->K, nc = K / 64;
+    const uint8_t* wq = L->q + (size_t)nb * nc * 1024 + 32 * h0;
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    __m256 acc[R][NH];
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < NH; h++) acc[r][h] = _mm256_setzero_ps();
+    for (int ci = 0; ci < nc; ci++) {
+        const uint8_t* w = wq + (size_t)ci * 1024;
+        for (int half = 0; half < 2; half++) {
+            __m256i ib[R][NH];
+            for (int r = 0; r < R; r++)
+                for (int h = 0; h < NH; h++) ib[r][h] = _mm256_setzero_si256();
+            for (int t0 = 0; t0 < 8; t0 += 2)  // unrolled whole, GCC kept every product on the stack to sum later
+                for (int t = t0; t < t0 + 2; t++) {
+                    __m256i ws[NH], wa[NH];
+                    for (int h = 0; h < NH; h++) {
+                        ws[h] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(w + (half * 8 + t) * 64 + 32 * h)), flip);
+                        wa[h] = _mm256_abs_epi8(ws[h]);
+                    }
+                    for (int r = 0; r < R; r++) {
+                        const __m256i x = _mm256_set1_epi32(load_i32(a->q + (size_t)(m0 + r) * K + ci * 64 + half * 32 + 4 * t));
+                        for (int h = 0; h < NH; h++)
+                            ib[r][h] = chain(_mm256_add_epi32(ib[r][h], _mm256_madd_epi16(_mm256_maddubs_epi16(wa[h], _mm256_sign_epi8(x, ws[h])), ones)));
+                    }
+                }
+            for (int r = 0; r < R; r++) {
+                const size_t blk = (size_t)(m0 + r) * (K / 32) + 2 * ci + half;
+                for (int h = 0; h < NH; h++)
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib[r][h]), _mm256_set1_ps(a->d[blk]), acc[r][h]);
+            }
+        }
+    }
+    for (int h = 0; h < NH; h++) {
+        const int n0 = nb * 16 + 8 * (h0 + h), cnt = L->N - n0;
+        if (cnt <= 0) break;
+        const __m256i mask = lanes8(cnt);
+        const __m256 s = _mm256_maskload_ps(L->s + n0, mask);
+        for (int r = 0; r < R; r++) {
+            __m256 v = _mm256_mul_ps(acc[r][h], s);
+            if (L->bias) v = _mm256_add_ps(v, _mm256_maskload_ps(L->bias + n0, mask));
+            float* dst = y + (size_t)(m0 + r) * ldy + n0;
+            if (cnt >= 8) _mm256_storeu_ps(dst, v);
+            else _mm256_maskstore_ps(dst, mask, v);
+        }
+    }
+}
+
+// Positions m0 .. m0 + R - 1 (R <= 8) of column block nb: one position reads both halves of each weight vector
+// at once (one pass over the block's bytes, which stream from memory), more a half at a time (their sums and
+// the weights stay within the 16 registers).
+template <int R>
+static inline void quant_tile(const Lin* L, int nb, const Act* a, int m0, float* y) {
+    constexpr int NH = R == 1 ? 2 : 1;
+    if constexpr (R > 4) {
+        if (L->kind == W_Q8) {  // the head's int32 sums: 4 positions fill the registers
+            quant_tile<4>(L, nb, a, m0, y);
+            quant_tile<R - 4>(L, nb, a, m0 + 4, y);
+            return;
+        }
+    }
+    for (int h0 = 0; h0 < 2; h0 += NH) {
+        if (L->kind == W_Q8) q8_tile<(R > 4 ? 4 : R), NH>(L, nb, h0, a, m0, y, L->N);
+        else if (lin_block(L) == 32) q4_tile<R, 32, NH>(L, nb, h0, a, m0, y, L->N);
+        else q4_tile<R, 64, NH>(L, nb, h0, a, m0, y, L->N);
+    }
+}
+
+// fp32 weights: the AVX-512 path's f32_tile on two 8-lane halves of its 16 lanes (lane l sums inputs k = l mod 16
+// in input order), the halves reduced by hsum16 as _mm512_reduce_add_ps reduces: its bits.
+static inline __m256 load_bf16x8(const uint16_t* p) {  // 8 bf16 -> fp32, exact
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+
+template <int R, int C, bool BF16 = false>
+static inline void f32_tile8(const Lin* L, int n0, const float* x, int m0, float* y, int ldy) {
+    const int K = L->K;
+    __m256 acc[R][C][2];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c][0] = acc[r][c][1] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k += 16) {
+        __m256 w[C][2];
+        for (int c = 0; c < C; c++)
+            for (int u = 0; u < 2; u++)
+                w[c][u] = BF16 ? load_bf16x8((const uint16_t*)L->w + (size_t)(n0 + c) * K + k + 8 * u)
+                               : _mm256_loadu_ps(L->w + (size_t)(n0 + c) * K + k + 8 * u);
+        for (int r = 0; r < R; r++)
+            for (int u = 0; u < 2; u++) {
+                const __m256 xv = _mm256_loadu_ps(x + (size_t)(m0 + r) * K + k + 8 * u);
+                for (int c = 0; c < C; c++) acc[r][c][u] = _mm256_fmadd_ps(w[c][u], xv, acc[r][c][u]);
+            }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            float v = hsum16(acc[r][c][0], acc[r][c][1]);
+            if (L->bias) v += L->bias[n0 + c];
+            y[(size_t)(m0 + r) * ldy + n0 + c] = v;
+        }
+}
+
+// F32 / BF16 weights on AVX2: tiles of 2 positions x 2 columns, each column's sum in one fixed order.
+template <bool BF16>
+static void float_tiles8(const Lin* L, int M, const float* x, float* y) {
+    const int N = L->N, C = 4;
+    const int ntiles = (N + C - 1) / C;
+#pragma omp for schedule(static) PARLEY_NOWAIT
+    for (int t = 0; t < ntiles; t++) {
+        const int n0 = t * C;
+        if (n0 + C > N) {  // ragged last columns: one at a time, the same arithmetic per column
+            for (int n = n0; n < N; n++)
+                for (int m = 0; m < M; m++) f32_tile8<1, 1, BF16>(L, n, x, m, y, N);
+            continue;
+        }
+        int m = 0;
+        for (; m + 2 <= M; m += 2)
+            f32_tile8<2, 2, BF16>(L, n0, x, m, y, N), f32_tile8<2, 2, BF16>(L, n0 + 2, x, m, y, N);
+        for (; m < M; m++) f32_tile8<1, 4, BF16>(L, n0, x, m, y, N);
+    }
+}
+#endif
+
+// Portable fallbacks (no AVX-512 VNNI): the same layouts and quantities, plain loops; still batch invariant.
+static void q4_col_scalar(const Lin* L, int n, const Act* a, int m, float* y, int ldy) {
+    const int K = L->K, nc = K / 64, G = L->group, ng = K / G, nb = n / 16, c = n % 16;
+    const uint8_t* wq = L->q + (size_t)nb * nc * 512;
+    const int8_t* x = a->q + (size_t)m * K;
+    const int nbl = K / lin_block(L), per = 64 / lin_block(L);  // activation blocks per row, per chunk
+    const float* d = a->d + (size_t)m * nbl;
+    const int32_t* xs = a->xs + (size_t)m * nbl;
+    float acc = 0.0f;
+    for (int ci = 0; ci < nc; ci++) {
+        int dot[2] = {0, 0};  // inputs 0..31 (low nibbles), 32..63 (high)
+        for (int t = 0; t < 8; t++)
+            for (int j = 0; j < 4; j++) {
+                const uint8_t b = wq[(size_t)ci * 512 + t * 64 + 4 * c + j];
+                dot[0] += (b & 15) * x[ci * 64 + 4 * t + j];
+                dot[1] += (b >> 4) * x[ci * 64 + 32 + 4 * t + j];
+            }
+        if (per == 1) dot[0] += dot[1];
+        for (int k = 0; k < per; k++) {
+            const size_t i = ((size_t)nb * ng + (ci * 64 + k * 32) / G) * 16 + c;  // groups of 32: one per half
+            const int b16 = 16 * (dot[k] - (int)L->z[i] * xs[per * ci + k]);  // the vector path's exact int32
+            acc += (float)b16 * (d[per * ci + k] * (half_to_f32(L->s16[i]) * 0.0625f));
+            if (L->m16) acc += (d[per * ci + k] * (float)xs[per * ci + k]) * half_to_f32(L->m16[i]);
+        }
+    }
+    float v = acc;
+    if (L->bias) v += L->bias[n];
+    y[(size_t)m * ldy + n] = v;
+}
+
+static void q8_col_scalar(const Lin* L, int n, const Act* a, int m, float* y, int ldy) {
+    const int K = L->K, nc = K / 64, nb = n / 16, c = n % 16;
+    const uint8_t* wq = L->q + (size_t)nb * nc * 1024;
+    const int8_t* x = a->q + (size_t)m * K;
+    float acc = 0.0f;
+    for (int b = 0; b < K / 32; b++) {
+        int s = 0;
+        for (int t = 0; t < 8; t++)
+            for (int j = 0; j < 4; j++) s += ((int)wq[(size_t)(b / 2) * 1024 + ((b % 2) * 8 + t) * 64 + 4 * c + j] - 128) * x[b * 32 + 4 * t + j];
+        acc += (float)s * a->d[(size_t)m * (K / 32) + b];
+    }
+    float v = acc * L->s[n];
+    if (L->bias) v += L->bias[n];
+    y[(size_t)m * ldy + n] = v;
+}
+
+static void f32_col_scalar(const Lin* L, int n, const float* x, int m, float* y, int ldy) {
+    float acc = 0.0f;
+    if (L->kind == W_BF16) {
+        const uint16_t* w = (const uint16_t*)L->w + (size_t)n * L->K;
+        for (int k = 0; k < L->K; k++) acc += bf16_to_f32(w[k]) * x[(size_t)m * L->K + k];
+    } else {
+        for (int k = 0; k < L->K; k++) acc += L->w[(size_t)n * L->K + k] * x[(size_t)m * L->K + k];
+    }
+    if (L->bias) acc += L->bias[n];
+    y[(size_t)m * ldy + n] = acc;
+}
+
+#if PARLEY_VNNI
+// Column blocks nb .. nb + nblocks - 1 (1 or 2) of positions m0 .. m0 + R - 1: INT4 with blocks of 64 and the
+// int8 head in pair tiles (q4_pair, q8_pair) of 4 positions, or of 8 when WIDE; what is left (1-3 positions, a
+// lone last block, the down projection) a block at a time.
+//
+// WIDE (passes of up to WIDE_PASS positions: decode verification): in a pass the weights stream from memory,
+// and a pair tile of 4 positions read each pair from memory for positions 0-3 (waiting on it, with half the
+// arithmetic to hide the wait) and again from L1 for 4-7 (no memory traffic to overlap). 8 positions per
+// tile keep 16 float sums on the stack (a store and a reload each per 64 inputs) but read each vector once,
+// which is what a pass whose weights stream from memory waits on. A prefill keeps 4, where the 8-position tile
+// runs slower (docs/cpu-step.md, "Tried and not kept").
+constexpr int WIDE_PASS = 32;
+
+template <int R, bool WIDE = false>
+static inline void quant_block(const Lin* L, int nb, int nblocks, const Act* a, int m0, float* y) {
+    if constexpr (R >= 4) {
+        if (nblocks == 2 && (L->kind == W_Q8 || lin_block(L) == 64)) {
+            constexpr int RP = WIDE && R == 8 ? 8 : 4;
+            if (L->kind == W_Q8) q8_pair<RP>(L, nb, a, m0, y, L->N);
+            else q4_pair<RP>(L, nb, a, m0, y, L->N);
+            if constexpr (R > RP) quant_block<R - RP>(L, nb, nblocks, a, m0 + RP, y);
+            return;
+        }
+    }
+    for (int b = nb; b < nb + nblocks; b++) {
+        if (L->kind == W_Q4) {
+            if (lin_block(L) == 32) q4_block<R, 32>(L, b, a, m0, y, L->N);
+            else q4_block<R, 64>(L, b, a, m0, y, L->N);
+        }
+        else q8_block<R>(L, b, a, m0, y, L->N);
+    }
+}
+#endif
+
+
+// y [M][N] = x [M][K] W^T. `a` holds x quantized (Q4/Q8); `x` is read by F32 and BF16. Inside a parallel region.
+template <bool BF16>
+static void float_linear(const Lin* L, int M, const float* x, float* y);
+
+static void linear(const Lin* L, int M, const float* x, const Act* a, float* y) {
+    const int N = L->N;
+#if PARLEY_VNNI
+    if (L->kind == W_F32 || L->kind == W_BF16) {
+        if (L->kind == W_BF16) float_linear<true>(L, M, x, y);
+        else float_linear<false>(L, M, x, y);
+        return;
+    }
+    {
+        // Work items: (chunk of up to 64 positions, cw 16-column blocks: two for INT4 in blocks of 64 and the
+        // int8 head, see q4_pair), chunk-major, so that a long pass (prefill) keeps one chunk's activations in L2 while each
+        // thread's weight blocks cycle, instead of streaming all its positions' activations again for every block.
+        const int cw = L->kind == W_Q8 || lin_block(L) == 64 ? 2 : 1;
+        const int nbs = (N + 15) / 16, nmc = (M + 63) / 64, nun = (nbs + cw - 1) / cw;
+#pragma omp for schedule(static) PARLEY_NOWAIT
+        for (int t = 0; t < nmc * nun; t++) {
+            const int nb = t % nun * cw, nbl = std::min(cw, nbs - nb), m1 = std::min(M, (t / nun + 1) * 64);
+            for (int m = t / nun * 64; m < m1; m += 8) {  // tiles of up to 8 positions share each weight vector
+                switch (std::min(8, m1 - m)) {
+                case 1: quant_block<1>(L, nb, nbl, a, m, y); break;
+                case 2: quant_block<2>(L, nb, nbl, a, m, y); break;
+                case 3: quant_block<3>(L, nb, nbl, a, m, y); break;
+                case 4: quant_block<4>(L, nb, nbl, a, m, y); break;
+                case 5: quant_block<5>(L, nb, nbl, a, m, y); break;
+                case 6: quant_block<6>(L, nb, nbl, a, m, y); break;
+                case 7: quant_block<7>(L, nb, nbl, a, m, y); break;
+                default:
+                    if (M <= WIDE_PASS) quant_block<8, true>(L, nb, nbl, a, m, y);
+                    else quant_block<8>(L, nb, nbl, a, m, y);
+                    break;
+                }
+            }
+        }
+    }
+#elif PARLEY_AVX2
+    if (L->kind == W_BF16) float_tiles8<true>(L, M, x, y);
+    else if (L->kind == W_F32) float_tiles8<false>(L, M, x, y);
+    else {
+        // Work items: (chunk of up to 64 positions, one 16-column block), chunk-major, as the AVX-512 path's.
+        const int nbs = (N + 15) / 16, nmc = (M + 63) / 64;
+#pragma omp for schedule(static) PARLEY_NOWAIT
+        for (int t = 0; t < nmc * nbs; t++) {
+            const int nb = t % nbs, m1 = std::min(M, (t / nbs + 1) * 64);
+            for (int m = t / nbs * 64; m < m1; m += 8) {  // tiles of up to 8 positions share each weight vector
+                switch (std::min(8, m1 - m)) {
+                case 1: quant_tile<1>(L, nb, a, m, y); break;
+                case 2: quant_tile<2>(L, nb, a, m, y); break;
+                case 3: quant_tile<3>(L, nb, a, m, y); break;
+                case 4: quant_tile<4>(L, nb, a, m, y); break;
+                case 5: quant_tile<5>(L, nb, a, m, y); break;
+                case 6: quant_tile<6>(L, nb, a, m, y); break;
+                case 7: quant_tile<7>(L, nb, a, m, y); break;
+                default: quant_tile<8>(L, nb, a, m, y); break;
+                }
+            }
+        }
+    }
+#else
+#pragma omp for schedule(static) PARLEY_NOWAIT
+    for (int n = 0; n < N; n++)
+        for (int m = 0; m < M; m++) {
+            if (L->kind == W_Q4) q4_col_scalar(L, n, a, m, y, N);
+            else if (L->kind == W_Q8) q8_col_scalar(L, n, a, m, y, N);
+            else f32_col_scalar(L, n, x, m, y, N);
+        }
+#endif
+}
+
+#if PARLEY_VNNI
+// F32 / BF16 weights: tiles of 4 positions x 4 columns, each column's sum in one fixed order (16 lanes, then
+// the lanes' sum), so a position's outputs do not depend on the pass.
+template <bool BF16>
+static void float_linear(const Lin* L, int M, const float* x, float* y) {
+    const int N = L->N, C = 4;
+    const int ntiles = (N + C - 1) / C;
+#pragma omp for schedule(static) PARLEY_NOWAIT
+    for (int t = 0; t < ntiles; t++) {
+        const int n0 = t * C;
+        if (n0 + C > N) {  // ragged last columns: one at a time, the same arithmetic per column
+            for (int n = n0; n < N; n++)
+                for (int m = 0; m < M; m++) f32_tile<1, 1, BF16>(L, n, x, m, y, N);
+            continue;
+        }
+        int m = 0;
+        for (; m + 4 <= M; m += 4) f32_tile<4, 4, BF16>(L, n0, x, m, y, N);
+        for (; m < M; m++) f32_tile<1, 4, BF16>(L, n0, x, m, y, N);
+    }
+}
+#endif
+
+static Act new_act(int M, int maxK) {
+    Act a;
+    a.q = (int8_t*)scratch((size_t)M * maxK);
+    a.d = (float*)scratch((size_t)M * (maxK / 32) * 4);
+    a.xs = (int32_t*)scratch((size_t)M * (maxK / 32) * 4);
+    return a;
+}
+
+static void free_act(Act* a) {
+    std::free(a->q);
+    std::free(a->d);
+    std::free(a->xs);
+}
