@@ -205,22 +205,14 @@ class Engine:
         return len(self.tokenizer.encode(text))
 
     def drafter(self, mode: str) -> Drafter | None:
-        """The drafter a speculation mode starts with (None: `off`)."""
-        return next(iter(self.drafters(mode)), None)
-
-    def drafters(self, mode: str) -> list[Drafter]:
-        """The drafters a speculation mode chooses among, round by round (one for every fixed mode). `auto`: a
-        configured draft model, else suffix match and prompt lookup, both costing no model pass, the reply's
-        `SpeculationPolicy` verifying the guesses of whichever has recently landed more."""
+        """The drafter for a speculation mode; `auto` prefers a configured draft model, else suffix match."""
         if mode == "off":
-            return []
+            return None
         if mode == "draft" or (mode == "auto" and self.draft is not None):
-            return [self.draft] if self.draft is not None else []
-        if mode == "auto":
-            return [self.suffix_match, self.prompt_lookup]
+            return self.draft
         if mode == "suffix-tree" and self.target.trees:
-            return [self.suffix_tree]
-        return [self.prompt_lookup if mode == "prompt-lookup" else self.suffix_match]
+            return self.suffix_tree
+        return self.prompt_lookup if mode == "prompt-lookup" else self.suffix_match
 
     def reset_cache(self) -> None:
         """Forget every cached token (every slot's and the draft model's); between replies."""

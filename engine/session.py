@@ -119,9 +119,8 @@ class Session:
                 reason, detail = end
                 break
             started = scheduler.round_clock()
-            context = [*target.ids, *rest, pending]
-            drafters = [own_drafter(target, d) for d in eng.drafters(params.speculation)]
-            k, drafter = policy.plan(drafters, context, params, room=min(target.max_len - len(context), budget - 1))
+            context, drafter = [*target.ids, *rest, pending], own_drafter(target, eng.drafter(params.speculation))
+            k = policy.plan(drafter, context, params, room=min(target.max_len - len(context), budget - 1))
             guess = yield from self._propose(drafter, context, k, params, generator, policy, len(rest),
                                              room=target.max_len - len(context))
             verifying = scheduler.round_clock()

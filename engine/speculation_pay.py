@@ -271,27 +271,16 @@ class AdaptiveDraftLength:
 
 
 class SpeculationPolicy:
-    """What one reply drafts each round, from what its earlier rounds measured: which drafter guesses (`auto`
-    chooses among cheap drafters), the draft length (`AdaptiveDraftLength`), `auto`'s verdict (`PayCheck`) and
-    its shadow guesses while paused, and how well the drafter's scores have predicted what landed (the
-    calibration its scores are scaled by before the scheduler weighs them against the pass cost).
+    """What one reply drafts each round, from what its earlier rounds measured: the draft length
+    (`AdaptiveDraftLength`), `auto`'s verdict (`PayCheck`) and its shadow guesses while paused, and how well the
+    drafter's scores have predicted what landed (the calibration its scores are scaled by before the scheduler
+    weighs them against the pass cost)."""
 
-    Choosing among drafters: each drafted round, every candidate guesses for the same context (a trie walk or a
-    few dict lookups each), and each chain is scored against the tokens the round decided: its guesses matched,
-    up to where the decided tokens end (for the verified one, exactly those it had accepted), per the modelled
-    cost of verifying it, cost(1 + its length). The next round verifies the candidate with the best mean over
-    the last `window` rounds (the current one on a tie). Prompt lookup's newest match wins where a reply
-    repeats itself, the suffix trie's most frequent continuation over a pasted document."""
-
-    def __init__(self, cost: PassCost, k_max: int, window: int = 16) -> None:
+    def __init__(self, cost: PassCost, k_max: int) -> None:
         self.length = AdaptiveDraftLength(k_max)
         self.pay = PayCheck(cost)
         self._landed, self._expected = 0, 0.0  # guesses landed, and what the drafter's scores expected
         self._shadow: list[int] = []  # this round's shadow guesses (paused `auto`, a cheap drafter)
-        self.window = window
-        self._rates: list[deque[float]] = []  # per candidate drafter: (1 + landed) / cost of recent rounds
-        self._chosen = 0  # the candidate verified
-        self._rivals: list[tuple[int, list[int]]] = []  # this round's other candidates' chains
 
     @property
     def calibration(self) -> float:
@@ -302,29 +291,19 @@ class SpeculationPolicy:
         """Why drafting is paused, in plain words ("" while it is on)."""
         return self.pay.note
 
-    def plan(self, drafters: list[Drafter], context: list[int], params: GenerationParams,
-             room: int) -> tuple[int, Drafter | None]:
-        """(how many tokens to guess this round, 0: a plain round; the drafter to guess them) among `drafters`;
-        `room`: the most the reply's budget and the window leave. Paused `auto` runs plain rounds, or one that
-        measures a 1-token pass to compare with; a cheap drafter then guesses anyway, for plain decoding to
-        judge (`learn`)."""
-        self._shadow, self._rivals = [], []
+    def plan(self, drafter: Drafter | None, context: list[int], params: GenerationParams, room: int) -> int:
+        """How many tokens `drafter` guesses this round (0: a plain round); `room`: the most the reply's budget
+        and the window leave. Paused `auto` runs plain rounds, or one that measures a 1-token pass to compare
+        with; a cheap drafter then guesses anyway, for plain decoding to judge (`learn`)."""
+        self._shadow = []
         self.length.k_max = params.draft_tokens
-        if not drafters:
-            return 0, None
-        if len(self._rates) != len(drafters):
-            self._rates, self._chosen = [deque(maxlen=self.window) for _ in drafters], 0
-        self._chosen = self._best()
-        drafter = drafters[self._chosen]
+        if drafter is None:
+            return 0
         if params.speculation == "auto" and (self.pay.needs_plain_round or not self.pay.pays()):
             if self.pay.shadowing and drafter.cheap:
                 self._shadow = self._shadow_guesses(drafter, context, min(params.draft_tokens, room), params)
-            return 0, drafter
-        k = min(self.length.k, room)
-        if k > 0 and len(drafters) > 1:
-            self._rivals = [(i, d.propose(context, k, params).tokens) for i, d in enumerate(drafters)
-                            if i != self._chosen]
-        return k, drafter
+            return 0
+        return min(self.length.k, room)
 
     def scores(self, guess: Proposal) -> list[float]:
         """The chance that each prefix of `guess` lands, as this reply's guesses have landed so far."""
@@ -340,15 +319,6 @@ class SpeculationPolicy:
         if guess.scores:
             self._landed += len(new) - 1
             self._expected += sum(guess.scores)
-        if self._rivals:
-            for i, chain in [(self._chosen, guess.tokens if guess.parents is None else []), *self._rivals]:
-                self._rates[i].append((1 + _matched(chain, new)) / self.pay.cost.ratio(1 + len(chain)))
-            self._rivals = []
-
-    def _best(self) -> int:
-        """The candidate with the best mean rate over its recent rounds; the current one on a tie."""
-        means = [sum(r) / len(r) if r else 0.0 for r in self._rates]
-        return max(range(len(means)), key=lambda i: (means[i], i == self._chosen))
 
     def _shadow_guesses(self, drafter: Drafter, context: list[int], k: int, params: GenerationParams) -> list[int]:
         """A cheap drafter's chain of guesses for `context`, cut to those a drafted round would verify."""
@@ -360,13 +330,3 @@ class SpeculationPolicy:
         if guess.scores:
             guess = guess.first(max(1, best_length(guess.scores, self.pay.cost, self.calibration)))
         return guess.tokens
-
-
-def _matched(chain: list[int], new: list[int]) -> int:
-    """How many of a chain's guesses the decided tokens `new` confirm (at most len(new))."""
-    n = 0
-    for guess, token in zip(chain, new, strict=False):
-        if guess != token:
-            break
-        n += 1
-    return n

@@ -78,7 +78,7 @@ def setup(monkeypatch):
         monkeypatch.setattr(scheduler_module, "round_clock", clock)
         eng.pass_cost = PassCost()  # forget earlier rounds (the plain reply's were timed by the real clock)
         guesser = Guesser(prompt_len, plain, clock, when, cheap)
-        monkeypatch.setattr(eng, "drafters", lambda mode: [guesser] if mode != "off" else [])
+        monkeypatch.setattr(eng, "drafter", lambda mode: guesser if mode != "off" else None)
         return guesser
 
     return eng, plain, with_guesser
