@@ -60,7 +60,7 @@ class Proposal:
 
 class Drafter(Protocol):
     name: str  # shown in the reply's figures: "prompt lookup", or which draft model
-    cheap: bool  # no model pass: `auto` may keep guessing while paused, to see whether guesses would land
+    cheap: bool  # no model pass: `auto` never pauses it (a miss costs only the verification of its guesses)
 
     def propose(self, context: list[int], k: int, params: GenerationParams,
                 generator: torch.Generator | None = None) -> Proposal:
@@ -154,7 +154,7 @@ class PromptLookup:
     """
 
     name = "prompt lookup"
-    cheap = True  # no model pass: `auto` may keep guessing while paused, to see whether guesses would land
+    cheap = True  # no model pass: `auto` never pauses it (a miss costs only the verification of its guesses)
 
     def __init__(self, min_n: int = 2, max_n: int = 4) -> None:
         if not 1 <= min_n <= max_n:
@@ -209,7 +209,7 @@ class SuffixMatch:
     """
 
     name = "suffix match"
-    cheap = True  # no model pass: `auto` may keep guessing while paused, to see whether guesses would land
+    cheap = True  # no model pass: `auto` never pauses it (a miss costs only the verification of its guesses)
 
     def __init__(self, depth: int = 24, per_match: float = 2.0, min_score: float = 0.2, width: int = 1,
                  nodes: float = 1.0, recency: bool = False) -> None:
@@ -288,7 +288,7 @@ class DraftModel:
                                      f"tokenizer's vocabulary of {tokenizer.vocab_size} tokens")
         self.model = model.eval()
         self.name = name
-        self.cheap = False  # each guess is a draft-model pass: `auto` retries it after a back-off, no shadows
+        self.cheap = False  # each guess is a draft-model pass: `auto` pauses it when it does not pay
         self.min_confidence = min_confidence
         self.max_len = max_len or min(model.config.max_seq_len, 8192)
         self.vocab_size = vocab_size  # the target's logit width, when it differs from the draft's (padding)

@@ -1,6 +1,7 @@
-"""`auto` pauses drafting once its measured tokens per second fall below plain decoding's (and says so
-in `Stats.speculation_note`), keeps a drafter that pays, and resumes within the same reply: a cheap
-drafter when its unverified (shadow) guesses would have paid again, a dear one after a back-off. The
+"""`auto` pauses a draft model once its modelled tokens per second fall below plain decoding's (and says so
+in `Stats.speculation_note`), keeps a drafter that pays, and tries a paused one again after a growing back-off
+within the same reply; a cheap drafter (suffix match, prompt lookup) drafts under `auto` exactly as under its
+own mode. The
 rounds are timed by a fake clock (each read advances it by one 1-token pass, so a plain round, its bookkeeping
 and its pass, costs 2; each guess adds 1.5), so the verdicts do not depend on the machine; every reply stays
 token-identical to plain decoding. The same replies with stalls planted in the clock (a busy neighbour: every
@@ -93,34 +94,25 @@ def test_right_guesses_keep_drafting_on(setup, cheap):
     assert stats.speculation_note == "" and stats.tokens_per_target_pass > 3, stats
 
 
-def test_wrong_guesses_pause_drafting_and_only_shadows_follow(setup):
+@pytest.mark.parametrize("when", ["wrong", "wrong then right", "first right"])
+def test_a_cheap_drafter_drafts_under_auto_as_under_its_own_mode(setup, when):
+    """Suffix match and prompt lookup are never paused by the pay check: a miss costs them only the guesses the
+    cost model let through, and `AdaptiveDraftLength` already pauses a drafter that keeps missing. So `auto`
+    proposes at exactly the rounds, and verifies exactly the guesses, its fixed mode would."""
     eng, plain, with_guesser = setup
-    guesser = with_guesser("wrong", cheap=True)
+    auto = with_guesser(when, cheap=True)
     got, stats = run(eng, PARAMS)
-    assert got == plain
-    assert "paused" in stats.speculation_note, stats
-    # verified guesses stop after the verdict (7 drafted rounds: 1 not judged + 6); shadows go on, never resuming
-    assert stats.proposed <= 7 * PARAMS.draft_tokens, stats
-    assert sum(n for _, n in guesser.calls) > 3 * stats.proposed, guesser.calls
-    # the same guesser under an explicit mode is not judged: it keeps trying (paused between misses)
-    got, forced = run(eng, GenerationParams(**{**PARAMS.__dict__, "speculation": "suffix"}))
-    assert got == plain and forced.speculation_note == "" and forced.proposed > stats.proposed, forced
-
-
-def test_a_cheap_drafter_resumes_when_its_shadow_guesses_would_pay(setup):
-    eng, plain, with_guesser = setup
-    guesser = with_guesser("wrong then right", cheap=True)
-    got, stats = run(eng, PARAMS)
-    assert got == plain
-    assert stats.speculation_note == "", stats  # paused early, then resumed: on at the end
-    paused_at = next(done for done, _ in guesser.calls[7:] if done < SWITCH)
-    assert paused_at < SWITCH
-    # after the switch, guesses are verified again within a few shadows (each shadow: one proposal)
-    right_rounds = [done for done, n in guesser.calls if done >= SWITCH]
-    assert right_rounds[0] == SWITCH and len(right_rounds) < (PARAMS.max_new_tokens - SWITCH) / 3, right_rounds
-    # a drafted round accepts 4 and adds 1: all but ~20 tokens after the switch (4 shadows, the last wrong ones
-    # still in the window; k's ramp) are drafted
-    assert stats.accepted >= 0.8 * (PARAMS.max_new_tokens - SWITCH - 20), (stats, guesser.calls)
+    fixed = with_guesser(when, cheap=True)
+    forced_got, forced = run(eng, GenerationParams(**{**PARAMS.__dict__, "speculation": "suffix"}))
+    assert got == forced_got == plain
+    assert auto.calls == fixed.calls, (when, auto.calls, fixed.calls)
+    assert (stats.proposed, stats.accepted, stats.speculation_note) == (forced.proposed, forced.accepted, ""), stats
+    if when == "wrong then right":  # from the first proposal after the switch (once the back-off between misses
+        # ends), the reply is drafted: a drafted round accepts up to 4 and adds 1, after k's ramp
+        resumed = next(done for done, _ in auto.calls if done >= SWITCH)
+        assert stats.accepted >= 0.75 * (PARAMS.max_new_tokens - resumed - 8), (stats, auto.calls)
+    if when == "wrong":  # misses back off: far fewer proposals than rounds
+        assert len(auto.calls) < PARAMS.max_new_tokens / 4, auto.calls
 
 
 def test_a_dear_drafter_is_retried_after_a_growing_back_off(setup):
@@ -135,8 +127,8 @@ def test_a_dear_drafter_is_retried_after_a_growing_back_off(setup):
     assert "paused" in stats.speculation_note, stats
 
 
-@pytest.mark.parametrize("when, cheap", [("right", True), ("wrong", True), ("wrong then right", True),
-                                         ("first right", False)])
+@pytest.mark.parametrize("when, cheap", [("right", True), ("wrong", True), ("wrong", False),
+                                         ("wrong then right", False), ("first right", False)])
 def test_stalls_leave_every_verdict_unchanged(setup, when, cheap):
     eng, plain, with_guesser = setup
     quiet = with_guesser(when, cheap)

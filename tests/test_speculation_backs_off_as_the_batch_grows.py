@@ -8,7 +8,19 @@ from __future__ import annotations
 import random
 
 from parley.engine.scheduler import Guesses, share_guesses
-from parley.engine.speculation_pay import PassCost, best_length
+from parley.engine.speculation_pay import PassCost
+
+
+def best_length(scores: list[float], cost: PassCost) -> int:
+    """The single-reply rule, written out as the reference: the n maximising (1 + expected accepted) /
+    cost(1 + n), where the chance that the first i guesses all land is scores[i - 1]."""
+    best_n, best_rate, expected = 0, 1.0, 1.0
+    for n, score in enumerate(scores, start=1):
+        expected += min(1.0, score)
+        rate = expected / cost.ratio(1 + n)
+        if rate > best_rate:
+            best_n, best_rate = n, rate
+    return best_n
 
 
 def measured(base: float = 1.0, slope: float = 0.2, ones: bool = True) -> PassCost:

@@ -3,7 +3,8 @@ declares drafting slower than plain decoding. Fed measured seconds directly (no 
 
 import pytest
 
-from parley.engine.speculation_pay import PRIOR_SLOPE, PassCost, PayCheck, best_length
+from parley.engine.scheduler import Guesses, share_guesses
+from parley.engine.speculation_pay import PRIOR_SLOPE, PassCost, PayCheck
 
 
 def cost(base: float, slope: float) -> PassCost:
@@ -20,6 +21,11 @@ def test_cost_ratio_is_measured_and_has_a_prior():
     assert c.slope is None
     c.add(1, 0.010)
     assert c.ratio(9) == pytest.approx(1.8)
+
+
+def best_length(scores: list[float], cost: PassCost, calibration: float = 1.0) -> int:
+    """How many guesses a reply alone in its pass verifies (`least` 0: none when none pays)."""
+    return share_guesses([Guesses([min(1.0, s * calibration) for s in scores])], rows=1, tokens=1, cost=cost)[0]
 
 
 def test_best_length_trades_expected_tokens_for_pass_cost():
@@ -46,7 +52,7 @@ def test_paycheck_turns_drafting_off_only_when_slower_than_plain():
     assert fast.pays() and fast.note == ""
     for _ in range(15):
         slow.add(drafted=0, tokens=1, seconds=0.0)
-        assert not slow.pays()  # paused: 16 plain rounds before a drafter without shadows is tried again
+        assert not slow.pays()  # paused: 16 plain rounds before the drafter is tried again
     slow.add(drafted=0, tokens=1, seconds=0.0)
     assert slow.pays() and slow.note == "" and slow.rounds == 0  # tried again, judged afresh
 
@@ -84,46 +90,6 @@ def test_stalled_rounds_move_neither_the_cost_fit_nor_the_verdict():
                 check.add(drafted=0, tokens=1, seconds=stall if i % 4 == 0 else 0.0)  # plain rounds' overhead too
             verdicts.append(check.pays())
         assert verdicts == [drafted_tokens > 1.8] * 2, (drafted_tokens, verdicts)
-
-
-def test_paycheck_resumes_when_shadow_guesses_would_pay():
-    c = cost(1.0, 0.1)
-    check = PayCheck(c, min_rounds=2, shadows=4)
-    for _ in range(3):
-        check.add(drafted=4, tokens=1, seconds=0.01)  # 1 token for 0.01 + a 5-token pass of 1.4
-    assert not check.pays() and check.shadowing
-
-    def plain_round(guesses: list[int], new: list[int]) -> None:  # the session's order: shadow, add, saw
-        check.shadow(guesses, seconds=0.01)
-        check.add(drafted=0, tokens=len(new), seconds=0.01)
-        check.saw(new)
-
-    plain_round([7, 8, 9], [5])  # missed at once: as drafted, 1 token for a 4-token pass (1.3) + drafting
-    plain_round([1, 2], [3])  # 1 token for a 3-token pass
-    assert not check.pays()  # 2 tokens in 2.52 plain-round times
-    check.shadow([4, 5, 6], seconds=0.01)
-    assert not check.shadowing  # one open shadow at a time
-    check.add(drafted=0, tokens=1, seconds=0.01)
-    for t in (4, 5, 6):
-        assert not check.pays()
-        check.saw([t])  # all three land: 4 tokens for a 4-token pass; the last 3 shadows: 6 tokens in 3.83
-        if t != 6:
-            check.add(drafted=0, tokens=1, seconds=0.0)
-    assert check.pays() and check.note == "" and check.rounds == 0
-
-
-def test_paycheck_stays_paused_while_shadows_would_not_pay():
-    check = PayCheck(cost(1.0, 0.3), min_rounds=2)
-    for _ in range(3):
-        check.add(drafted=4, tokens=1, seconds=2.0)
-    assert not check.pays()
-    for i in range(40):  # one guess landing in three: 1.33 tokens per (1.3 + drafting), under 1.1x plain
-        check.shadow([i, i + 1], seconds=0.05)
-        check.saw([i] if i % 3 == 0 else [-1])
-        if i % 3 == 0:
-            check.saw([-1])
-        check.add(drafted=0, tokens=1, seconds=1.0)
-        assert not check.pays(), i  # and no back-off: shadows are the evidence
 
 
 def test_paycheck_asks_for_a_plain_round_to_compare_with():
