@@ -22,7 +22,8 @@ CPU_CALIBRATION = {"full": (32, 256), "gptq": (16, 256), "awq": (8, 256), "rtn":
 
 # Above this many decoder parameters a CPU first run takes the next tier down. The awq tier's first run of the
 # Llama-3.2-1B shape took 3 min 15 s on the 2-core machine (344 CPU-s, 3.7 GB peak RSS, another test run beside
-# it); GPTQ and the scale refit alone (no search) took ~145 s a 1B layer there. rtn is not chosen: +32%
+# it), the Llama-3.1-8B shape's 20 min 55 s on a quiet one (11.2 GB peak RSS); GPTQ and the scale refit alone (no
+# search) took ~145 s a 1B layer there. rtn is not chosen: +32%
 # perplexity on the embedded model against awq's +14% (docs/quantization.md).
 CPU_TIER_LIMITS = (("full", 0.5e9), ("awq", float("inf")))
 CPU_BF16_TIER_LIMITS = CPU_TIER_LIMITS
