@@ -19,7 +19,7 @@ from .prefix import common_prefix
 from .reply_stats import ReplyStats
 from .scheduler import SHARED_CHUNK, SYNC, Chunk, Guesses, Job, Reply, ReplyStream, Rows
 from .speculation_pay import SpeculationPolicy
-from .speculative import Drafter, Proposal, depth_first, verify, verify_tree
+from .speculative import Drafter, Proposal, depth_first, verify, verify_greedy, verify_tree
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -181,7 +181,10 @@ class Session:
         else:
             rows = Rows([*rest, pending, *draft], wanted=r, ready=timed)
             logits = yield rows
-            new = verify(sampling.probs(logits, params, history=context, drafted=draft), draft, guess.q, generator)
+            if params.temperature == 0 and guess.q is None:
+                new = verify_greedy(sampling.greedy(logits, params, history=context, drafted=draft), draft, generator)
+            else:
+                new = verify(sampling.probs(logits, params, history=context, drafted=draft), draft, guess.q, generator)
             path, depth = None, len(draft)
         figures.batch = rows.batch
         return new, path, depth

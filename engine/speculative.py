@@ -22,7 +22,7 @@ from ..models.device_prep import prepare_for_device
 from ..models.transformer import Transformer
 from .cached_model import CachedModel, Step
 from .params import GenerationParams
-from .sampling import probs, sample
+from .sampling import probs, sample, uniform
 from .suffix_trie import SuffixTrie
 
 
@@ -99,6 +99,18 @@ def verify(p: Tensor, draft: list[int], q: Tensor | None, generator: torch.Gener
         out.append(sample(residual / total if total > 0 else p[i], generator))
         return out
     out.append(sample(p[len(draft)], generator))
+    return out
+
+
+def verify_greedy(best: list[int], draft: list[int], generator: torch.Generator) -> list[int]:
+    """`verify` at temperature 0 for deterministic guesses, from each row's argmax (`sampling.greedy`): the same
+    tokens (one-hot rows draw their argmax) and the same draws from `generator`, one per emitted token."""
+    out: list[int] = []
+    for i, x in enumerate(best[: len(draft) + 1]):
+        uniform(generator)
+        out.append(x)
+        if i == len(draft) or x != draft[i]:
+            break
     return out
 
 
