@@ -2,7 +2,8 @@
 
 Starts `parley serve` (the model flags given here) on a free 127.0.0.1 port, then for each client count and
 speculation mode sends N streamed chat requests from N real HTTP clients at once ("together"), and the same kind
-of requests one after another ("one by one"), in the same run: aggregate tokens per second (every reply's tokens
+of requests one after another ("one by one"), in the same run, alternated for `--repeats` rounds (the figures
+are the median round's): aggregate tokens per second (every reply's tokens
 over the wall time from the first request to the last answer), each client's time to first token and the gap
 between streamed chunks (p50 and p99 over all clients), and the server's peak RSS during the run (its window
 reset before each, Linux). Each run's prompts carry their own tag in the system prompt, so no run reuses another's
@@ -45,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=128, help="max_tokens of each reply")
     p.add_argument("--speculation", default="off",
                    help="comma-separated speculation modes to run each client count with (e.g. off,auto)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="rounds of (one by one, together) for each client count, alternated; figures are the "
+                        "median round's (a shared machine moves a single round by a third)")
     p.add_argument("--paste-tokens", type=int, default=1500,
                    help="the long paste sent beside three short chats (about this many tokens); 0 to skip")
     p.add_argument("--timeout", type=float, default=1800.0,
@@ -68,10 +72,14 @@ def run(args: argparse.Namespace) -> int:
         for mode in modes:
             for n in counts:
                 asks = [(story(i), args.tokens, mode) for i in range(n)]
-                one_by_one = server.measure(lambda a=asks, t=tag + 1: [Client(server, f"run {t}").chat(*x) for x in a])
-                together = server.measure(lambda a=asks, t=tag + 2: at_once(
-                    [lambda x=x, t=t: Client(server, f"run {t}").chat(*x) for x in a]))
-                tag += 2
+                rounds: dict[str, list[dict[str, Any]]] = {"one_by_one": [], "together": []}
+                for _ in range(max(1, args.repeats)):
+                    rounds["one_by_one"].append(server.measure(
+                        lambda a=asks, t=tag + 1: [Client(server, f"run {t}").chat(*x) for x in a]))
+                    rounds["together"].append(server.measure(lambda a=asks, t=tag + 2: at_once(
+                        [lambda x=x, t=t: Client(server, f"run {t}").chat(*x) for x in a])))
+                    tag += 2
+                one_by_one, together = median_round(rounds["one_by_one"]), median_round(rounds["together"])
                 results["runs"].append({"clients": n, "speculation": mode, "one_by_one": one_by_one,
                                         "together": together,
                                         "speedup": round(together["tok_s"] / one_by_one["tok_s"], 2)
@@ -112,6 +120,12 @@ def at_once(calls: list) -> list[dict[str, Any]]:
         if isinstance(r, BaseException):
             raise r
     return out
+
+
+def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round of median aggregate tok/s (its own latencies with it), and every round's tok/s."""
+    ranked = sorted(rounds, key=lambda r: r["tok_s"])
+    return {**ranked[(len(ranked) - 1) // 2], "tok_s_rounds": [r["tok_s"] for r in rounds]}
 
 
 def percentile(values: list[float], q: float) -> float | None:
