@@ -155,6 +155,8 @@ class Session:
         guess = drafter.propose(context, k, params, generator) if drafter and k > 0 else Proposal()
         if guess.scores:
             n = yield Guesses(policy.scores(guess), least=1, rows=1 + rest)
+            if n == 0:
+                policy.declined()
             guess = guess.first(min(n, room))
         return guess
 

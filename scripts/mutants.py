@@ -138,6 +138,10 @@ MUTANTS: list[Mutant] = [
            '_os.environ.setdefault("GOMP_SPINCOUNT", "300000")',
            'pass',
            ("tests/test_openmp_keeps_spinning_with_several_teams.py",)),
+    Mutant("declined-guesses-never-reset-the-rest", "engine/speculation_pay.py",
+           "            return\n        self._next_decline = 1\n",
+           "            return\n",
+           ("tests/test_adaptive_draft_length.py",)),
     # -- the native step --
     Mutant("native-causal-mask-sees-next", "kernels/cpu/attention.h",
            "std::min(p + 1, (b + 1) * ATT_BLOCK)",

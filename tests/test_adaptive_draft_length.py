@@ -55,3 +55,26 @@ def test_missing_drafter_is_paused_with_doubling_backoff():
     assert a.k == 0
     a.update(0, 0)
     assert a.k > 0
+
+
+def test_guesses_the_scheduler_declines_rest_the_drafter_with_doubling_backoff():
+    """Beside other replies the scheduler may verify none of a round's guesses; the drafter then rests 1, 2, 4, ...
+    rounds (capped), and a round whose guesses are verified starts the back-off over."""
+    a = AdaptiveDraftLength(k_max=8, max_pause=4)
+    pattern = []
+    for _ in range(20):
+        k = a.k
+        pattern.append(k)
+        if k:
+            a.decline()  # the scheduler gave this round's guesses no place in the pass
+        a.update(0, 0)  # so it verified none
+    rests = [len(run) for run in "".join("-" if k == 0 else "d" for k in pattern).split("d") if run]
+    assert pattern[0] > 0 and rests[:4] == [1, 2, 4, 4], pattern
+    while a.k == 0:
+        a.update(0, 0)
+    a.update(a.k, 0)  # guesses verified (none landed): the next decline rests one round again
+    a.decline()
+    a.update(0, 0)
+    assert a.k == 0
+    a.update(0, 0)
+    assert a.k > 0
