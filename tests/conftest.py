@@ -44,14 +44,20 @@ def _isolated_dirs(tmp_path_factory, monkeypatch):
 
 
 # The longest files (measured, --durations) start first: `--dist loadfile` hands files to workers in
-# collection order, and a long file collected last keeps one worker busy while the other idles.
-# The second is the Triton interpreter's, so one worker runs it while the other builds the INT4 model.
+# collection order, and a long file collected last keeps one worker busy while the other idles. The first builds
+# the test INT4 model (~60 s of one core); the next three need none, so the other worker runs them meanwhile
+# instead of waiting for that build; then the rest of the INT4 files, then the rest by length.
 LONGEST_FIRST = [
     "test_batch_invariance_real_model.py", "test_triton_int4_matches_reference.py",
-    "test_cancel_real_model_next_reply_equals_fresh.py", "test_speculative_greedy_identity_real_model.py",
-    "test_prefix_reuse_real_model_equals_fresh.py", "test_speculative_output_law.py",
-    "test_speculative_distribution_is_target.py", "test_gguf_greedy_matches_transformers.py",
-    "test_quant_cache_atomic.py", "test_gpu_check_dry.py", "test_sass_budget.py",
+    "test_gemma3_gguf_greedy_matches_transformers.py", "test_native_portable_loops.py",
+    "test_speculative_greedy_identity_real_model.py", "test_batched_replies_equal_solo_replies.py",
+    "test_cancel_real_model_next_reply_equals_fresh.py", "test_prefix_reuse_real_model_equals_fresh.py",
+    "test_kv_cache_flag_reaches_the_reply.py", "test_speculative_output_law.py",
+    "test_gemma3_tokenizer_matches_transformers.py", "test_gguf_greedy_matches_transformers.py",
+    "test_speculative_distribution_is_target.py", "test_gguf_tokenizer_cache.py",
+    "test_remote_reads_are_bounded.py", "test_generate_cli_suffix_tree_equals_plain.py",
+    "test_remote_hostile_servers.py", "test_quant_cache_atomic.py", "test_native_profile_build.py",
+    "test_gpu_check_dry.py", "test_bench_serve_json.py", "test_bench_faults_cancel_check.py", "test_sass_budget.py",
 ]
 
 
