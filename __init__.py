@@ -9,6 +9,7 @@ import os as _os
 # became a sleep and a wake-up (a 2-thread decode pass of the embedded model: 1.75 ms from the main thread,
 # 6 ms from a second one). ACTIVE with libgomp's own default count makes the throttled spin the normal one.
 # A value the user set stands.
+OPENMP_SET = tuple(k for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k not in _os.environ)  # peers run without
 _os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 _os.environ.setdefault("GOMP_SPINCOUNT", "300000")
 

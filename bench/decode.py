@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from .harness import peak_memory, reset_peak_rss, rss_since_reset
+from .harness import peak_memory, peer_env, reset_peak_rss, rss_since_reset
 from .random_weights import RANDOM_SHAPES
 
 PROMPT = ("Write a detailed, friendly explanation of how rainbows form, covering refraction, reflection "
@@ -220,7 +220,7 @@ def _run_peer(cmd: list[str], env: dict[str, str] | None = None) -> tuple[list[d
     """`cmd`'s stdout JSON lines and its stderr, or {"error": ...}; killed with all it started after 30 min."""
     try:  # its own process group: a timeout ends the llama-bench it started too, not only the script
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, **(env or {})}, start_new_session=True)
+                                env=peer_env(env), start_new_session=True)
     except OSError as e:
         return {"error": f"{cmd[0]}: {e}"}
     try:

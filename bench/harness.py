@@ -18,6 +18,16 @@ def add_json_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
+def peer_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a peer (llama.cpp): this one less the OpenMP settings importing parley made, so a
+    peer runs as its users run it."""
+    import os
+
+    from .. import OPENMP_SET
+
+    return {**{k: v for k, v in os.environ.items() if k not in OPENMP_SET}, **(extra or {})}
+
+
 def median(values: Iterable[float]) -> float:
     return statistics.median(list(values))
 

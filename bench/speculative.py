@@ -21,7 +21,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from .harness import add_json_argument, emit, median, median_run
+from .harness import add_json_argument, emit, median, median_run, peer_env
 
 CHAT_PROMPT = "Give me three tips for keeping a sourdough starter healthy, with a sentence on why each works."
 SUMMARY_PROMPT = "Write a detailed summary of the following document, section by section.\n\n"
@@ -312,7 +312,7 @@ def llama_lookup(peer: tuple[Path, Path], prompt: str, depth: int, args: argpars
                    "--temp", "0", "-t", threads, "-c", str(depth + args.new_tokens + 64),
                    "-b", str(depth + 64),  # the whole prompt in one batch (past 2,048 tokens it stops)
                    "--spec-draft-n-max", str(args.draft_tokens), *(["--ignore-eos"] if args.ignore_eos else [])]
-        run = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        run = subprocess.run(command, capture_output=True, text=True, timeout=900, env=peer_env())
     log = run.stdout + run.stderr
     figures = {k: re.search(rf"{k}\s*=\s*([\d.]+)", log) for k in ("n_predict", "n_drafted", "n_accept")}
     speed = re.search(r"decoded\s+\d+\s+tokens in\s+[\d.]+\s+seconds, speed:\s+([\d.]+)", log)
@@ -321,7 +321,7 @@ def llama_lookup(peer: tuple[Path, Path], prompt: str, depth: int, args: argpars
     n, drafted, accepted = (int(float(figures[k].group(1))) for k in ("n_predict", "n_drafted", "n_accept"))
     plain = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(model), "-t", threads, "-p", "0",
                             "-n", str(args.new_tokens), "-d", str(depth), "-r", "1", "-o", "jsonl"],
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=600, env=peer_env())
     plain_tok_s = float(re.search(r'"avg_ts":\s*([\d.]+)', plain.stdout).group(1)) if plain.returncode == 0 else 0.0
     lookup = {"tok_s": float(speed.group(1)), "new_tokens": n, "proposed": drafted, "accepted": accepted,
               "acceptance": round(accepted / drafted, 3) if drafted else 0.0,  # a pass decides its accepts + 1

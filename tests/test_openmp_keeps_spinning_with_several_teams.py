@@ -8,6 +8,7 @@ OMP_DISPLAY_ENV, in a fresh interpreter that imports parley the way the CLI does
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -38,3 +39,16 @@ def test_a_policy_the_user_set_stands() -> None:
     got = _openmp_settings({"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10"})
     assert got.get("OMP_WAIT_POLICY") == "PASSIVE", got
     assert got.get("GOMP_SPINCOUNT") == "10", got
+
+
+def test_peers_run_without_the_settings_parley_made() -> None:
+    """llama.cpp, run beside Parley by the benches, gets the environment its users give it: what importing parley
+    set is left out, what the user set is passed on."""
+    code = ("import json; from parley.bench.harness import peer_env; e = peer_env({'X': '1'}); "
+            "print(json.dumps([e.get(k) for k in ('OMP_WAIT_POLICY', 'GOMP_SPINCOUNT', 'X')]))")
+    for given, want in (({}, [None, None, "1"]), ({"GOMP_SPINCOUNT": "10"}, [None, "10", "1"])):
+        env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+        out = subprocess.run([sys.executable, "-c", code], env={**env, **given}, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.strip().splitlines()[-1] == json.dumps(want), (given, out.stdout)
