@@ -64,3 +64,29 @@ LONGEST_FIRST = [
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+def _one_gguf_reader_per_file() -> None:
+    """transformers reads a GGUF twice to load one (its config, then its tensors), and gguf-py's reader makes a
+    numpy view per array element: 14 s a read for Gemma 3's 262k-token vocabulary on one core. The references
+    that load a GGUF through transformers share the latest file's reader instead (the file is only read); what
+    they compute is unchanged."""
+    try:
+        import gguf
+    except ImportError:
+        return
+    make = gguf.GGUFReader
+    latest: dict[tuple, object] = {}
+
+    def reader(path, mode="r"):
+        st = os.stat(path)
+        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, mode)
+        if key not in latest:
+            latest.clear()  # one file's reader at a time: a vocabulary's views take hundreds of MB
+            latest[key] = make(path, mode)
+        return latest[key]
+
+    gguf.GGUFReader = reader
+
+
+_one_gguf_reader_per_file()
