@@ -6,7 +6,7 @@ import os as _os
 # libgomp). libgomp cuts its barrier spin from 300,000 rounds to 1,000 once more OpenMP threads exist than
 # cores, and every thread that ever ran a parallel region keeps a team of its own: the thread that loaded the
 # model and the scheduler's thread that decodes already make four on two cores, so each of a pass's barriers
-# became a sleep and a wake-up (a 2-thread decode pass of the embedded model: 1.75 ms from the main thread,
+# would sleep and wake (a 2-thread decode pass of the embedded model: 1.75 ms from the main thread,
 # 6 ms from a second one). ACTIVE with libgomp's own default count makes the throttled spin the normal one.
 # A value the user set stands.
 OPENMP_SET = tuple(k for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k not in _os.environ)  # peers run without

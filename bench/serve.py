@@ -28,7 +28,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .harness import add_json_argument
+from .harness import add_json_argument, median_run
 
 TOPICS = ("a lighthouse keeper", "a clockmaker's apprentice", "a lost cartographer", "a beekeeper in winter",
           "a night-train conductor", "a retired astronaut", "a village baker", "a deep-sea diver", "a museum guard",
@@ -79,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
                     rounds["together"].append(server.measure(lambda a=asks, t=tag + 2: at_once(
                         [lambda x=x, t=t: Client(server, f"run {t}").chat(*x) for x in a])))
                     tag += 2
-                one_by_one, together = median_round(rounds["one_by_one"]), median_round(rounds["together"])
+                one_by_one, together = (
+                    {**median_run(r, "tok_s"), "tok_s_rounds": [x["tok_s"] for x in r]}
+                    for r in (rounds["one_by_one"], rounds["together"]))
                 results["runs"].append({"clients": n, "speculation": mode, "one_by_one": one_by_one,
                                         "together": together,
                                         "speedup": round(together["tok_s"] / one_by_one["tok_s"], 2)
@@ -120,12 +122,6 @@ def at_once(calls: list) -> list[dict[str, Any]]:
         if isinstance(r, BaseException):
             raise r
     return out
-
-
-def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """The round of median aggregate tok/s (its own latencies with it), and every round's tok/s."""
-    ranked = sorted(rounds, key=lambda r: r["tok_s"])
-    return {**ranked[(len(ranked) - 1) // 2], "tok_s_rounds": [r["tok_s"] for r in rounds]}
 
 
 def percentile(values: list[float], q: float) -> float | None:
