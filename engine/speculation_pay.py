@@ -193,6 +193,7 @@ class AdaptiveDraftLength:
         self._pause = 0  # rounds left without drafting
         self._next_pause = 1
         self._declined, self._next_decline = False, 1  # the scheduler verified none of this round's guesses
+        self._resting = False  # the pause is the scheduler's (declined guesses), not the drafter's misses
 
     @property
     def k(self) -> int:
@@ -205,10 +206,16 @@ class AdaptiveDraftLength:
         match's proposal and the scheduler's sharing cost ~0.1 ms a round, 6% of a 4-reply step)."""
         self._declined = True
 
+    def resume(self) -> None:
+        """End a pause that misses began (not one the scheduler's declines did): the drafter has evidence that its
+        next guesses land, e.g. a long match (`SpeculationPolicy.plan`). The back-off stays as it was."""
+        if not self._resting:
+            self._pause = 0
+
     def update(self, proposed: int, accepted: int) -> None:
         if proposed == 0:
             if self._declined:
-                self._pause, self._declined = self._next_decline, False
+                self._pause, self._declined, self._resting = self._next_decline, False, True
                 self._next_decline = min(2 * self._next_decline, self.max_pause)
             else:
                 self._pause = max(0, self._pause - 1)
@@ -218,7 +225,7 @@ class AdaptiveDraftLength:
             self._misses += 1
             # a drafter already paused once gets one try per resumption, not `patience`
             if self._misses >= (self.patience if self._next_pause == 1 else 1):
-                self._pause, self._misses = self._next_pause, 0
+                self._pause, self._misses, self._resting = self._next_pause, 0, False
                 self._next_pause = min(2 * self._next_pause, self.max_pause)
         else:
             self._misses, self._next_pause = 0, 1
@@ -226,6 +233,13 @@ class AdaptiveDraftLength:
             self._k = min(max(self._k, proposed) * 2, 16)
         else:
             self._k = max(1, min(self._k - 1, accepted + 1))
+
+
+# A pause after misses ends early where the context's end matches this many tokens earlier in it: a span that can
+# be copied begins. Drafting otherwise resumed up to 32 rounds late, wherever the back-off's phase fell (tokens a
+# pass at temperature 0 on the held-out suite: GPL-3 2.00 -> 2.56, python json 1.58 -> 1.75, no prompt lower;
+# 4 lowered man tar, 10 kept GPL-3 at 2.17).
+RESUME_MATCH = 6
 
 
 class SpeculationPolicy:
@@ -258,6 +272,9 @@ class SpeculationPolicy:
         if params.speculation == "auto" and not drafter.cheap and (self.pay.needs_plain_round
                                                                    or not self.pay.pays()):
             return 0
+        match = getattr(drafter, "match_length", None)  # suffix match's: prompt lookup and draft models wait
+        if self.length.k == 0 and match is not None and match(context) >= RESUME_MATCH:
+            self.length.resume()
         return min(self.length.k, room)
 
     def declined(self) -> None:

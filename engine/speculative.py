@@ -252,6 +252,12 @@ class SuffixMatch:
             scores.append(score)
         return Proposal(draft, scores=scores)
 
+    def match_length(self, context: list[int]) -> int:
+        """How many tokens at the context's end occur earlier in it (with a token after), for `SpeculationPolicy`
+        to see a copyable span begin while drafting is paused; costs what a proposal's match does."""
+        self.trie.sync(context)
+        return self.trie.match_length()
+
     def reset(self) -> None:
         self.trie = SuffixTrie(self.trie.depth)
 

@@ -78,3 +78,39 @@ def test_guesses_the_scheduler_declines_rest_the_drafter_with_doubling_backoff()
     assert a.k == 0
     a.update(0, 0)
     assert a.k > 0
+
+
+def test_a_long_match_ends_a_pause_that_misses_began_but_not_one_the_scheduler_did():
+    """`SpeculationPolicy.plan` asks a drafter that knows its match length; a copyable span (RESUME_MATCH tokens
+    of match) ends a pause after misses at once, with the back-off kept, while declined guesses keep resting."""
+    from parley.engine.params import GenerationParams
+    from parley.engine.speculation_pay import RESUME_MATCH, PassCost, SpeculationPolicy
+
+    class Matching:
+        cheap = True
+
+        def __init__(self) -> None:
+            self.length = 0
+
+        def match_length(self, context: list[int]) -> int:
+            return self.length
+
+    drafter, params = Matching(), GenerationParams(draft_tokens=8)
+    policy = SpeculationPolicy(PassCost(), k_max=8)
+    for _ in range(3):  # three misses: a pause
+        policy.length.update(policy.plan(drafter, [1], params, 99), 0)
+    drafter.length = RESUME_MATCH - 1
+    assert policy.plan(drafter, [1], params, 99) == 0  # a short match: still paused
+    drafter.length = RESUME_MATCH
+    assert policy.plan(drafter, [1], params, 99) > 0  # a span to copy: drafting again
+    policy.length.update(1, 0)  # and it missed: the back-off goes on (two rounds now, not one)
+    drafter.length = 0
+    assert policy.plan(drafter, [1], params, 99) == 0
+    policy.length.update(0, 0)
+    assert policy.plan(drafter, [1], params, 99) == 0
+    # declined guesses rest whatever the match
+    fresh = SpeculationPolicy(PassCost(), k_max=8)
+    fresh.declined()
+    fresh.length.update(0, 0)
+    drafter.length = 50
+    assert fresh.plan(drafter, [1], params, 99) == 0
