@@ -236,7 +236,7 @@ class AdaptiveDraftLength:
 
 
 # A pause after misses ends early where the context's end matches this many tokens earlier in it: a span that can
-# be copied begins. Drafting otherwise resumed up to 32 rounds late, wherever the back-off's phase fell (tokens a
+# be copied begins, where the back-off alone would resume up to 32 rounds late, wherever its phase fell (tokens a
 # pass at temperature 0 on the held-out suite: GPL-3 2.00 -> 2.56, python json 1.58 -> 1.75, no prompt lower;
 # 4 lowered man tar, 10 kept GPL-3 at 2.17).
 RESUME_MATCH = 6
