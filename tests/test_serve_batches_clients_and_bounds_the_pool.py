@@ -59,10 +59,22 @@ def post(server, messages, max_tokens: int) -> tuple[int, dict, dict]:
         conn.close()
 
 
-def test_two_run_one_waits_the_next_is_refused_and_a_dropped_client_frees_its_slot():
+def test_two_run_one_waits_the_next_is_refused_and_a_dropped_client_frees_its_slot(monkeypatch):
+    # Once both streams run, the engine's passes wait on a gate: on a busy machine two streams could otherwise
+    # reach max_tokens (and free their slots) before the third request is queued.
+    gate = threading.Event()
+    gate.set()
+    forward = scheduler.forward_batch
+
+    def gated(parts):
+        gate.wait()
+        return forward(parts)
+
+    monkeypatch.setattr(scheduler, "forward_batch", gated)
     with running_server(endless(parallel=2), queue_size=1) as (server, _):
         first, _ = open_stream(server, LONG, 4000)
         second, _ = open_stream(server, LONG, 4000)
+        gate.clear()
         assert server.queue.running == 2
 
         waited: dict = {}
@@ -76,6 +88,7 @@ def test_two_run_one_waits_the_next_is_refused_and_a_dropped_client_frees_its_sl
         assert "\n" not in message and "--parallel" in message and "--queue-size" in message
 
         first.close()  # a client that drops: its slot goes to the waiting request
+        gate.set()
         waiter.join(timeout=300)
         status, _, answer = waited["answer"]
         assert status == 200 and answer["usage"]["completion_tokens"] == 5
