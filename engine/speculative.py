@@ -223,7 +223,7 @@ class SuffixMatch:
     name = "suffix match"
     cheap = True  # no model pass: `auto` never pauses it (a miss costs only the verification of its guesses)
 
-    def __init__(self, depth: int = 24, per_match: float = 2.0, min_score: float = 0.2, width: int = 1,
+    def __init__(self, depth: int = 16, per_match: float = 2.0, min_score: float = 0.2, width: int = 1,
                  nodes: float = 1.0, recency: bool = False) -> None:
         self.trie = SuffixTrie(depth)
         self.recency = recency  # the newest continuation where it is about as frequent (`SuffixTrie.draft`)

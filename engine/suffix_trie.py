@@ -7,8 +7,8 @@ guess chain is worth extending. Every substring of length <= depth is a path fro
 appending a token only extends the `depth` paths of the current suffixes (O(depth) dict operations,
 no rebuild as a pasted document or a reply grows), and truncating undoes exactly those steps.
 
-Memory: at most `depth` nodes per token (arrays of ints plus one dict entry each), ~2.5 MB per
-1,000 tokens at depth 24. Each node also links to its newest child and next sibling, so `tree` can list a
+Memory: at most `depth` nodes per token (arrays of ints plus one dict entry each), ~1.7 MB per
+1,000 tokens at depth 16. Each node also links to its newest child and next sibling, so `tree` can list a
 match's continuations without scanning the dict.
 """
 
@@ -22,7 +22,7 @@ _SHIFT = 21  # child key = node << _SHIFT | token: token ids must be < 2**21 (ev
 class SuffixTrie:
     """Every substring of `ids` up to `depth` tokens, each node counting how often its string occurred."""
 
-    def __init__(self, depth: int = 24) -> None:
+    def __init__(self, depth: int = 16) -> None:
         if depth < 2:
             raise ValueError(f"suffix trie depth={depth}: need at least 2")
         self.depth = depth
@@ -37,6 +37,7 @@ class SuffixTrie:
         self._first = array("l", [-1])  # the node's newest child (-1: none); siblings chain through _next
         self._next = array("l", [-1])
         self._active: list[int] = [0]  # the node of each suffix of `ids`, by length 0..depth-1
+        self._block = 1  # _active[_block:]: nodes the last append made (childless, numbered in a row)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -57,30 +58,49 @@ class SuffixTrie:
 
     def append(self, token: int) -> None:
         child, count, out, best, best_count = self._child, self._count, self._out, self._best, self._best_count
-        active = [0]
-        for node in self._active:
-            key = node << _SHIFT | token
-            c = child.get(key)
-            if c is None:
-                c = child[key] = len(count)
-                count.append(0)
-                out.append(0)
-                best.append(-1)
-                best_count.append(0)
-                self._newest.append(-1)
-                self._token.append(token)
-                self._first.append(-1)
-                self._next.append(self._first[node])
-                self._first[node] = c
+        newest, first = self._newest, self._first
+        suffixes, block, active, seen = self._active, self._block, [0], 0
+        for node in suffixes[:block]:  # the suffixes that occurred followed by `token` before: count one more
+            c = child.get(node << _SHIFT | token)
+            if c is None:  # nor did any longer one (every node's string has all its suffixes in the trie)
+                break
             n = count[c] = count[c] + 1
             out[node] += 1
             if n >= best_count[node]:
                 best[node], best_count[node] = token, n
-            self._newest[node] = token
-            if len(active) < self.depth:
-                active.append(c)
+            newest[node] = token
+            active.append(c)
+            seen += 1
+        # The longer suffixes never occurred followed by `token`: one new node each, made in bulk (a paste makes
+        # ~depth a token). Those of them the last append made (`block` on) are childless and numbered in a row.
+        m, c = len(suffixes) - seen, len(count)
+        count.extend(array("l", [1]) * m)
+        for a in (out, best_count):
+            a.extend(array("l", [0]) * m)
+        for a in (best, newest, first):
+            a.extend(array("l", [-1]) * m)
+        self._token.extend(array("l", [token]) * m)
+        older = suffixes[seen:block]  # parents that may have children already
+        self._next.extend([first[node] for node in older])
+        self._next.extend(array("l", [-1]) * (m - len(older)))
+        child.update(zip([node << _SHIFT | token for node in suffixes[seen:]], range(c, c + m), strict=True))
+        for node in older:
+            first[node] = c
+            c += 1
+            out[node] += 1
+            if best_count[node] <= 1:
+                best[node], best_count[node] = token, 1
+            newest[node] = token
+        if block < len(suffixes):
+            b0, b1 = suffixes[block], suffixes[block] + len(suffixes) - block
+            first[b0:b1] = array("l", range(c, c + b1 - b0))
+            for a in (out, best_count):
+                a[b0:b1] = array("l", [1]) * (b1 - b0)
+            for a in (best, newest):
+                a[b0:b1] = array("l", [token]) * (b1 - b0)
         self.ids.append(token)
-        self._active = active
+        self._active = [*active, *range(len(count) - m, len(count))][: self.depth]
+        self._block = 1 + seen
 
     def truncate(self, n: int) -> None:
         """Forget the tokens from position n on (undo their appends). Counts are restored exactly; a
@@ -116,6 +136,7 @@ class SuffixTrie:
             for t in ids[start:n]:
                 node = child[node << _SHIFT | t]
             self._active.insert(1, node)
+        self._block = len(self._active)  # none of them is known to be childless
 
     def _most_frequent_child(self, node: int) -> int:
         best, best_count = -1, 0

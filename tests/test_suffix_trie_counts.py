@@ -63,6 +63,39 @@ def test_counts_and_match_after_growth_and_rollback(seed):
     assert trie.match_length() == brute_match(edited + [3, 1, 2], DEPTH), f"seed {seed}: regrown"
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_each_node_knows_its_continuations_after_growth(seed):
+    """What drafting reads besides the counts, against the occurrences themselves: how often a string was
+    followed by a token, which token followed it last, a most frequent follower, and its followers listed
+    newest first (the sibling chain `tree` walks). A paste mostly makes new nodes, in bulk; a repeat counts up."""
+    rng = random.Random(seed)
+    vocab = rng.choice([2, 4, 40])
+    ids = [rng.randrange(vocab) for _ in range(rng.randrange(1, 80))]
+    trie = SuffixTrie(DEPTH)
+    for i in range(0, len(ids), 5):
+        trie.sync(ids[: i + 5])
+    for length in range(DEPTH):
+        for start in range(len(ids) - length):
+            path = ids[start : start + length]
+            node = 0
+            for t in path:
+                node = trie._child[node << _SHIFT | t]
+            follows = [(s, ids[s + length]) for s in range(len(ids) - length)
+                       if ids[s : s + length] == path and s + length < len(ids)]
+            where = f"seed {seed}: after {path}"
+            assert trie._out[node] == len(follows), where
+            if not follows:
+                continue
+            tally = {t: sum(1 for _, x in follows if x == t) for _, t in follows}
+            assert trie._newest[node] == follows[-1][1], where
+            assert tally[trie._best[node]] == max(tally.values()) == trie._best_count[node], where
+            listed, c = [], trie._first[node]
+            while c >= 0:
+                listed.append(trie._token[c])
+                c = trie._next[c]
+            assert listed == sorted(tally, key=lambda t: -min(s for s, x in follows if x == t)), where
+
+
 def test_most_frequent_continuation_of_the_longest_match():
     #        "a b x" twice, "a b y" once, then "c a b" (longest match "a b")
     trie = SuffixTrie(8)
