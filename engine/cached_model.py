@@ -169,6 +169,16 @@ class CachedModel:
         self._fed = []
         self.cache.truncate(len(self.ids))
 
+    def copy_prefix(self, donor: CachedModel, n: int) -> None:
+        """Hold the first `n` tokens of `donor` (another slot of the same model), taking the KV of those past the
+        prefix the two share from its cache instead of computing them: what a pass would have written, bitwise,
+        where passes are batch invariant (the native step: a position's K/V depend on the tokens up to it only)."""
+        have = common_prefix(self.ids, donor.ids[:n])
+        self.cache.copy_positions(donor.cache, have, n)
+        self.ids = list(donor.ids[:n])
+        self._fed = []
+        self.cache.truncate(n)
+
     def sync(self, ids: list[int]) -> int:
         """Make the cache hold exactly `ids`, reusing the longest common prefix; return how many
         tokens were reused."""

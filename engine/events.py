@@ -22,7 +22,7 @@ class Stats:
     tokens_per_target_pass: float  # new tokens per forward pass of the target while decoding
     ttft_s: float  # time from the call to the first token (prefill included)
     prompt_tokens: int = 0  # tokens prefilled for this reply (after prefix reuse)
-    reused_tokens: int = 0  # prompt tokens whose KV came from the previous turn
+    reused_tokens: int = 0  # prompt tokens whose KV a slot held already (an earlier turn) or copied (another slot)
     context_tokens: int = 0  # tokens in the context after this reply
     context_window: int = 0
     drafter: str = ""  # which drafter ran: "prompt lookup", "suffix match", the draft model's name; "" if none

@@ -5,7 +5,8 @@ attention reads each cache as one [kv head][position][dim] block per layer (page
 layout). A slot is made the first time every made slot is busy, up to `size`; so a single conversation only ever
 uses one (the batch of one), and memory grows with the number of sequences that ran at the same time, never past
 `size` windows. Each slot keeps its tokens between replies: a reply takes the free slot sharing the longest prefix
-with its prompt (a follow-up turn lands on its own conversation's slot), and only the rest is prefilled.
+with its prompt (a follow-up turn lands on its own conversation's slot), and only the rest is prefilled; a longer
+prefix another slot holds is copied from it (`share_prefix`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .prefix import common_prefix
 
 MAX_DEFAULT_SLOTS = 8  # the default pool never holds more (a pass of 8 decode rows is still memory-bound)
 MEMORY_SHARE = 0.25  # of the memory free at start, what the default pool may take at full windows
+SHARE_MIN = 16  # prompt tokens another slot must hold beyond a slot's own for their KV to be copied over
 
 
 def default_slots(slot_bytes: int, free: int | None = None) -> int:
@@ -78,6 +80,25 @@ class KVPool:
         self._used[id(slot)] = next(self._clock)
         self.last = slot
         return slot
+
+    def held_prefix(self, ids: list[int]) -> int:
+        """The longest prefix of `ids` any slot holds (running or free)."""
+        return max((common_prefix(s.ids, ids) for s in self.slots), default=0)
+
+    def share_prefix(self, slot: CachedModel, ids: list[int]) -> int:
+        """Before `slot` reads the prompt `ids`: where another slot holds a prefix of it at least SHARE_MIN tokens
+        longer than `slot` does, copy that slot's KV instead of computing it (several clients with one system
+        prompt, or one document). Only on the native step, whose K/V are bitwise what `slot` would compute; the
+        PyTorch path's depend on the pass's shape. Returns the tokens copied."""
+        if slot.native is None:
+            return 0
+        have = common_prefix(slot.ids, ids)
+        donor = max((s for s in self.slots if s is not slot), key=lambda s: common_prefix(s.ids, ids), default=None)
+        n = common_prefix(donor.ids, ids) if donor is not None else 0
+        if n - have < SHARE_MIN:
+            return 0
+        slot.copy_prefix(donor, n)
+        return n - have
 
     def give_back(self, slot: CachedModel) -> None:
         self._busy.discard(id(slot))

@@ -12,7 +12,9 @@ chunk): a client that cancels, or moves a slider, on seeing an event gets the sa
 the reply itself, and a reply never runs more than a round ahead of what its client has taken. A client slow to
 take its events only holds its own reply back (after a short grace, a pass goes without it).
 
-Each step the scheduler admits waiting replies to free slots of the KV pool, answers the questions, runs ONE
+Each step the scheduler admits waiting replies to free slots of the KV pool (a prompt prefix another slot holds
+is copied into the new one; a reply sent together with one reading a prefix they share waits for it: see
+`_prefix_coming`), answers the questions, runs ONE
 pass over every sequence's rows (`forward_batch`: on the native step one call, each row attending its
 own sequence's cache) and hands each reply its logits. A reply that ends gives its slot back at once; the next
 waiting reply takes it at the next step. The batch of one is the same loop with one sequence in it.
@@ -39,7 +41,8 @@ from dataclasses import dataclass
 
 from .cached_model import PREFILL_CHUNK, CachedModel, forward_batch
 from .events import Done, Event
-from .kv_pool import KVPool
+from .kv_pool import SHARE_MIN, KVPool
+from .prefix import common_prefix
 from .speculation_pay import PassCost
 
 SHARED_CHUNK = 128  # prompt tokens per pass beside other sequences: ~0.1 s of the 135M model on 2 cores
@@ -169,6 +172,7 @@ class Scheduler:
         self._running: list[_Seq] = []
         self._thread: threading.Thread | None = None
         self._idle_work: list[Callable[[], None]] = []
+        self._deferred = 0  # waiting replies the last admission left for a prefix another one is reading
         self.pass_sizes: Counter[int] = Counter()  # passes run, by how many replies shared them
 
     @property
@@ -231,7 +235,7 @@ class Scheduler:
             if not ran:
                 with self._cond:  # every reply waits for its client: sleep until one catches up or one arrives
                     if not any(s.job.caught_up for s in self._running if s.item is SYNC) and not (
-                            self._waiting and self.pool.free):
+                            len(self._waiting) > self._deferred and self.pool.free):
                         self._cond.wait(0.1)
 
     def _admit(self) -> list[_Seq]:
@@ -240,16 +244,23 @@ class Scheduler:
             self._waiting.remove(job)
             job.events.put(Done("cancelled"))
             job.end()
-        admitted = []
-        while self._waiting and not (self._idle_work and self._running):
-            if self._idle_work and not self._running:  # an engine-wide change waits for no reply to run
+        admitted: list[_Seq] = []
+        self._deferred = 0
+        for job in list(self._waiting):
+            if self._idle_work and self._running:
+                break
+            if self._idle_work:  # an engine-wide change waits for no reply to run
                 for work in self._idle_work:
                     work()
                 self._idle_work.clear()
-            slot = self.pool.take(self._waiting[0].ids)
+            if self._prefix_coming(job):
+                self._deferred += 1
+                continue
+            slot = self.pool.take(job.ids)
             if slot is None:
                 break
-            job = self._waiting.popleft()
+            self._waiting.remove(job)
+            self.pool.share_prefix(slot, job.ids)
             job.slot = slot
             job.wake = self._wake
             seq = _Seq(job, slot, job.start(slot))
@@ -257,6 +268,25 @@ class Scheduler:
             job.admitted.set()
             admitted.append(seq)
         return admitted
+
+    def _prefix_coming(self, job: Job) -> bool:
+        """Whether `job` waits for a running reply that is reading a prompt prefix they share, at least SHARE_MIN
+        tokens more than any slot holds, to copy it (`KVPool.share_prefix`) instead of computing it beside that
+        reply: where the reading it waits for (that reply's passes up to the prefix's end, in PREFILL_CHUNKs) is at
+        most twice the reading it saves. Four chats with one system prompt sent at once: one reads it, three copy
+        it; a chat does not wait behind a long paste for the few tokens of a system prompt they share. Never
+        for a reply whose client is slow to take its events (its passes wait for that client)."""
+        held = self.pool.held_prefix(job.ids)
+        for seq in self._running:
+            shared = common_prefix(seq.job.ids, job.ids)
+            saved, have = shared - held, len(seq.slot.ids)
+            if saved < SHARE_MIN or seq.slow or seq.slot.native is None:
+                continue
+            unread = len(seq.job.ids) - have
+            waited = min(unread, -(-(shared - have) // PREFILL_CHUNK) * PREFILL_CHUNK)
+            if waited <= 2 * saved:
+                return True
+        return False
 
     def _advance(self, seq: _Seq, answer: object) -> None:
         """Run a reply until it asks something (or ends), passing its events on."""

@@ -107,6 +107,14 @@ class KVCache(nn.Module):
         names = {"k": "k", "v": "v", "ks": "k_scale", "vs": "v_scale", "vm": "v_min"}
         return {new: getattr(self, f"{old}{layer}")[0] for old, new in names.items() if hasattr(self, f"{old}{layer}")}
 
+    def copy_positions(self, other: KVCache, start: int, end: int) -> None:
+        """Take `other`'s stored keys and values (scales included) of positions [start, end), every layer."""
+        if (other.kind, other.max_len, other.n_layers) != (self.kind, self.max_len, self.n_layers):
+            raise ValueError(f"cannot copy positions from a {other.kind} cache of {other.max_len} slots into a "
+                             f"{self.kind} cache of {self.max_len}")
+        for name, buf in self.named_buffers():
+            buf[:, :, start:end] = getattr(other, name)[:, :, start:end]
+
     def truncate(self, length: int) -> None:
         if not 0 <= length <= self.max_len:
             raise ValueError(f"cannot truncate a cache of {self.max_len} slots to {length}")
