@@ -462,6 +462,49 @@ def batch_invariance(run: Run) -> dict:
     return result
 
 
+def shared_passes(run: Run) -> dict:
+    """The PyTorch path's shared pass (PARLEY_SHARED_PASSES=1): four sequences' decode rows in one 16-row pass
+    (`Transformer.forward_spans`) against each in its own 16-row pass: bitwise equal logits, and the time of
+    each, eager and as a CUDA graph (a shared pass runs eager in the engine; a lone one too with the setting on)."""
+    from parley.engine.cached_model import ROW_TILE
+    from parley.models.transformer import Span
+
+    model = run.model()
+    window = 64 if run.dry else 512
+    gen = torch.Generator().manual_seed(2)
+    caches, spans, tokens = [], [], []
+    with torch.inference_mode():
+        for i, n in enumerate((40, 23, 31, 12)):
+            cache = model.new_cache(window)
+            prompt = torch.randint(0, model.config.vocab_size, (1, n), generator=gen).to(run.device)
+            model(prompt, torch.arange(n, device=run.device)[None], cache, True, window)
+            caches.append(cache)
+            spans.append(Span(slice(i, i + 1), torch.tensor([n], device=run.device), cache, window))
+        tokens = torch.randint(0, model.config.vocab_size, (4,), generator=gen).to(run.device)
+        alone = [model.forward_spans(tokens[i : i + 1], [s._replace(rows=slice(0, 1))], ROW_TILE)
+                 for i, s in enumerate(spans)]
+        together = model.forward_spans(tokens, spans, ROW_TILE)
+        equal = all(torch.equal(a[0], together[i]) for i, a in enumerate(alone))
+
+        def one_by_one() -> None:
+            for i, s in enumerate(spans):
+                model.forward_spans(tokens[i : i + 1], [s._replace(rows=slice(0, 1))], ROW_TILE)
+
+        def shared() -> None:
+            model.forward_spans(tokens, spans, ROW_TILE)
+
+        result: dict = {"bitwise_equal": equal}
+        for name, fn in (("four_passes", one_by_one), ("one_shared_pass", shared)):
+            run.sync()
+            start = time.perf_counter()
+            for _ in range(3):
+                fn()
+            run.sync()
+            result[name] = {"eager_us": round((time.perf_counter() - start) / 3 * 1e6, 1),
+                            "graph_us": round(timed_us(fn, run), 1)}
+    return result
+
+
 # --- the Llama-3.1-8B shape ----------------------------------------------------------------------------
 
 
@@ -574,6 +617,7 @@ SECTIONS: dict[str, tuple[float, Callable[[Run], dict]]] = {  # name: (seconds i
     "environment": (0, environment), "int4_correctness": (30, int4_correctness),
     "split_k_stress": (20, split_k_stress), "int4_speed": (30, int4_speed), "attention": (20, attention),
     "sdpa_backends": (20, sdpa_backends), "decode": (90, decode), "batch_invariance": (30, batch_invariance),
+    "shared_passes": (30, shared_passes),
     "load_8b": (90, load_8b), "quantize_8b": (40, quantize_8b), "decode_8b": (60, decode_8b),
 }
 

@@ -8,6 +8,7 @@ not committed is rolled back for free, since the next forward overwrites it.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Generator
 from typing import Protocol
@@ -15,12 +16,20 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from ..models.transformer import KVCache, Transformer
+from ..models.transformer import KVCache, Span, Transformer
 from .cuda_graphs import GraphedStep, graphs_enabled
 from .prefix import common_prefix
 from .threads import ThreadTuner
 
 PREFILL_CHUNK = 512  # long pastes prefill in pieces so activation memory stays bounded
+ROW_TILE = 16  # rows of a shared pass on the PyTorch path (`forward_batch`): every such pass has exactly this many
+
+
+def shared_passes() -> bool:
+    """Whether the PyTorch path shares passes between sequences (PARLEY_SHARED_PASSES=1). Off by default: on a
+    CPU (the fallback when the native step cannot run) an fp32 product over 16 rows costs 2-3x one over a row, and
+    on CUDA a shared pass runs eager, not as a graph; see docs/serving.md."""
+    return os.environ.get("PARLEY_SHARED_PASSES", "0") == "1"
 WINDOW_BUCKET = 256  # attention reads the cache up to the next multiple of this: few shapes, few slots
 
 
@@ -67,6 +76,8 @@ class CachedModel:
         # instead of ~1,300; a shape whose capture fails stays eager (`graphed.fallbacks` says why).
         graphed = native is None and graphs_enabled(self.device)
         self.graphed = GraphedStep(self._graph_step, self.device, max_len) if graphed else None
+        # decode and verification passes of <= row_tile rows run as ROW_TILE-row tiles, alone or shared (0: not)
+        self.row_tile = ROW_TILE if native is None and shared_passes() else 0
         self.ids: list[int] = []
         self._fed: list[int] = []  # the last forward's tokens, whose KV sits uncommitted after `ids`
         self._tree: list[int] = []  # the last tree pass's parents
@@ -128,6 +139,10 @@ class CachedModel:
         if last_only:
             return logits[len(logits) - (len(tokens) - wanted):]
         return logits[wanted:]
+
+    def _tiled(self, tokens: list[int], wanted: int) -> bool:
+        """Whether a pass runs as a ROW_TILE-row tile: decode and verification, not prefill chunks."""
+        return bool(self.row_tile) and len(tokens) <= self.row_tile and wanted < max(1, len(tokens) - 1)
 
     def commit_path(self, nodes: list[int]) -> None:
         """Claim the KV of a path of the last tree (nodes[0] = 0, each the next one's parent): its slots are
@@ -221,9 +236,10 @@ def forward_batch(parts: list[Part]) -> list[Tensor]:
     none: `wanted` = len(tokens)).
 
     On the native step every part shares one call (the products read the weights once for all rows; each row
-    attends its own cache), and each part's logits are bitwise those of its pass alone. The PyTorch path runs the
-    parts one after another, each as it would run alone (its kernels are not batch invariant across pass shapes,
-    so a part's logits match its solo run only where the pass has the same shape)."""
+    attends its own cache), and each part's logits are bitwise those of its pass alone. On the PyTorch path, with
+    `row_tile` (PARLEY_SHARED_PASSES=1), decode and verification parts share passes of exactly ROW_TILE rows, alone
+    or not, so each part's logits are again those of its pass alone (its products are batch invariant across the
+    rows of one row count, not across counts); otherwise, and for prefill chunks, each part runs as it does alone."""
     for model, tokens, parents, wanted in parts:
         end = len(model.ids) + len(tokens)
         if end > model.max_len:
@@ -236,10 +252,50 @@ def forward_batch(parts: list[Part]) -> list[Tensor]:
     if native is not None and hasattr(native, "batch") and all(p[0].native is native for p in parts):
         out = _native_pass(native, parts)
     else:
-        out = [model._single(tokens, wanted) for model, tokens, _, wanted in parts]
+        out = _torch_passes(parts)
     for model, tokens, parents, _ in parts:
         model._fed, model._tree = list(tokens), list(parents or [])
     return out
+
+
+def _torch_passes(parts: list[Part]) -> list[Tensor]:
+    """The PyTorch path: decode and verification parts of models with `row_tile` share ROW_TILE-row passes (as
+    many as their rows need, in order); every other part (a prefill chunk) runs alone, as it does alone."""
+    out: list[Tensor | None] = [None] * len(parts)
+    group: list[int] = []
+
+    def flush() -> None:
+        for i, logits in zip(group, _tiled_pass([parts[i] for i in group]), strict=True):
+            out[i] = logits
+        group.clear()
+
+    for i, (model, tokens, _, wanted) in enumerate(parts):
+        if not model._tiled(tokens, wanted):
+            out[i] = model._single(tokens, wanted)
+            continue
+        if group and (sum(len(parts[j][1]) for j in group) + len(tokens) > ROW_TILE
+                      or parts[group[0]][0].model is not model.model):
+            flush()
+        group.append(i)
+    if group:
+        flush()
+    return out  # type: ignore[return-value]
+
+
+def _tiled_pass(parts: list[Part]) -> list[Tensor]:
+    """One ROW_TILE-row pass over the parts' rows (Transformer.forward_spans): each part's logits from `wanted`."""
+    model = parts[0][0]
+    spans, tokens, at = [], [], 0
+    for m, toks, _, _ in parts:
+        start, end = len(m.ids), len(m.ids) + len(toks)
+        spans.append(Span(slice(at, at + len(toks)), torch.arange(start, end, device=m.device), m.cache,
+                          attention_window(end, m.max_len)))
+        tokens.extend(toks)
+        at += len(toks)
+    if model.tuner is not None:
+        model.tuner.bulk()  # one thread count for every tile: a product's arithmetic may follow it
+    logits = model.model.forward_spans(torch.tensor(tokens, device=model.device), spans, ROW_TILE)
+    return [logits[s.rows][wanted:] for s, (_, _, _, wanted) in zip(spans, parts, strict=True)]
 
 
 def _native_pass(native, parts: list[Part]) -> list[Tensor]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -175,6 +176,16 @@ class SequenceCache:
         return k, v
 
 
+class Span(NamedTuple):
+    """One sequence's rows in a shared pass (`Transformer.forward_spans`): rows `rows` of the pass, at `positions`
+    [T], writing their K/V into `cache` and attending its first `window` slots."""
+
+    rows: slice
+    positions: Tensor
+    cache: KVCache
+    window: int
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -241,9 +252,11 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(c.head_dim, c.norm_eps)
             self.k_norm = RMSNorm(c.head_dim, c.norm_eps)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, pos: Tensor, cache: KVCache) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, pos: Tensor | None,
+                cache: KVCache | list[tuple[Span, dict[int, Tensor]]]) -> Tensor:
+        """`cache` a list of (span, its masks by layer window): a shared pass, each span attending its own cache
+        (rows past the last span are padding: their attention output is zero)."""
         B, T, _ = x.shape
-        window = mask.shape[-1]
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
@@ -251,7 +264,19 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if x.is_cuda and T <= 16 and B == 1 and USE_TRITON_ATTENTION and not self.window:
+        if isinstance(cache, list):
+            ys = [self._attend(q[:, :, s.rows], k[:, :, s.rows], v[:, :, s.rows], masks[self.window],
+                               s.positions, s.cache) for s, masks in cache]
+            pad = T - sum(y.shape[1] for y in ys)
+            y = torch.cat([*ys, x.new_zeros(B, pad, self.n_heads * self.head_dim)], dim=1)
+        else:
+            y = self._attend(q, k, v, mask, pos, cache)
+        return self.o_proj(y)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, pos: Tensor, cache: KVCache) -> Tensor:
+        """Write k/v [B, KVH, T, D] at `pos` and attend: [B, T, H * D]."""
+        B, _, T, _ = q.shape
+        if q.is_cuda and T <= 16 and B == 1 and USE_TRITON_ATTENTION and not self.window:
             # Decode and verification on CUDA: the Triton kernel reads the cache in its stored form, each
             # row up to its own position (no mask), in a fixed order: batch invariant, graph-capturable.
             from ..kernels.triton_attention import decode_attention, write_kv
@@ -259,11 +284,11 @@ class Attention(nn.Module):
             layer = cache.layer_tensors(self.layer)
             write_kv(cache.kind, layer, k[0], v[0], pos)
             y = decode_attention(q[0].transpose(0, 1), cache.kind, layer, pos, self.scale)
-            return self.o_proj(y.reshape(B, T, self.n_heads * self.head_dim))
-        k, v = cache.update(self.layer, pos, k, v, window)
+            return y.reshape(B, T, self.n_heads * self.head_dim)
+        k, v = cache.update(self.layer, pos, k, v, mask.shape[-1])
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
                                            enable_gqa=self.n_heads != self.n_kv_heads)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+        return y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
 
 
 def block_hadamard(x: Tensor, h: Tensor, matmul: bool = False) -> Tensor:
@@ -370,21 +395,48 @@ class Transformer(nn.Module):
         host sync inside the step; passed as an argument it stays symbolic under torch.compile.
         """
         x = self.embed(tokens)
-        rope = {False: self._rotation(positions, self.inv_freq, x.dtype)}
-        if self.config.local_rope:
-            rope[True] = self._rotation(positions, self.inv_freq_local, x.dtype)
-        slots = torch.arange(cache.window if window is None else window, device=tokens.device)
-        causal = (slots[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, window]
-        masks = {w: causal & (slots[None, None, :] > positions[:, :, None] - w)[:, None]
-                 for w in set(self.config.layer_windows) if w}
+        rope = self._ropes(positions, x.dtype)
+        masks = self._masks(positions, cache.window if window is None else window)
         pos = positions[0]
         for layer in self.layers:
             w = layer.self_attn.window
             cos, sin = rope[bool(w) and True in rope]
-            x = layer(x, cos, sin, masks[w] if w else causal, pos, cache)
+            x = layer(x, cos, sin, masks[w], pos, cache)
         if last_only:
             x = x[:, -1:]
         return self.lm_head(self.norm(x)).float()
+
+    def forward_spans(self, tokens: Tensor, spans: list[Span], rows: int) -> Tensor:
+        """Several sequences in one pass: tokens [N] (the spans' rows, in order) -> logits [N, V] in fp32.
+
+        The norms and products see the pass as one matrix of `rows` >= N rows (zero-padded), so a row's arithmetic
+        is the same in every pass of `rows` rows whatever else shares it (the fp products are not batch invariant
+        across row counts, only across rows of one count); attention runs per span, on its own cache."""
+        n = tokens.shape[0]
+        positions = torch.cat([s.positions for s in spans])
+        x = self.embed(F.pad(tokens, (0, rows - n))[None])
+        rope = self._ropes(F.pad(positions, (0, rows - n))[None], x.dtype)
+        spans_masks = [(s, self._masks(s.positions[None], s.window)) for s in spans]
+        for layer in self.layers:
+            w = layer.self_attn.window
+            cos, sin = rope[bool(w) and True in rope]
+            x = layer(x, cos, sin, None, None, spans_masks)
+        return self.lm_head(self.norm(x)).float()[0, :n]
+
+    def _ropes(self, positions: Tensor, dtype: torch.dtype) -> dict[bool, tuple[Tensor, Tensor]]:
+        """cos/sin of every position, by whether a layer is local (Gemma 3's sliding-window layers' own base)."""
+        rope = {False: self._rotation(positions, self.inv_freq, dtype)}
+        if self.config.local_rope:
+            rope[True] = self._rotation(positions, self.inv_freq_local, dtype)
+        return rope
+
+    def _masks(self, positions: Tensor, window: int) -> dict[int, Tensor]:
+        """Attention masks [B, 1, T, window] by layer window (0: causal over the whole cache)."""
+        slots = torch.arange(window, device=positions.device)
+        causal = (slots[None, None, :] <= positions[:, :, None])[:, None]
+        masks = {w: causal & (slots[None, None, :] > positions[:, :, None] - w)[:, None]
+                 for w in set(self.config.layer_windows) if w}
+        return {0: causal, **masks}
 
     def embed(self, tokens: Tensor) -> Tensor:
         x = self.embed_tokens(tokens)

@@ -6,8 +6,10 @@ when the `with` ends. Every log line the server writes is kept, so a test can re
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -39,10 +41,18 @@ def running_server(engine=None, **kwargs) -> Iterator[tuple[ParleyServer, str]]:
         thread.join(timeout=30)
 
 
+def thread_stacks() -> str:
+    """Every thread's stack, innermost frames last: what a test that timed out was waiting on."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return "\n".join(f"--- {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame)[-6:])
+                     for ident, frame in sys._current_frames().items())
+
+
 def poll(predicate: Callable[[], object], timeout: float = 120.0, what: str = "") -> None:
     """Wait for a condition (generous timeout for a busy 2-core machine); never a fixed sleep."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}; where every thread "
+                                 f"was:\n{thread_stacks()}")
         time.sleep(0.01)

@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SECTIONS = ["environment", "int4_correctness", "split_k_stress", "int4_speed", "attention", "sdpa_backends", "decode",
-            "batch_invariance", "load_8b", "quantize_8b", "decode_8b"]
+            "batch_invariance", "shared_passes", "load_8b", "quantize_8b", "decode_8b"]
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
@@ -57,6 +57,9 @@ def test_decode_reports_its_figures(report: dict) -> None:
     assert decode["bytes_per_token"] > 0
     assert decode["eager"]["tok_s"] > 0
     assert set(report["batch_invariance"]) >= {"bitwise_equal", "max_abs_logit_diff", "argmax_equal"}
+    shared = report["shared_passes"]
+    assert shared["bitwise_equal"] is True  # (on CPU: torch's int4 op; the Triton kernel's rows: int4_correctness)
+    assert shared["four_passes"]["eager_us"] > 0 and shared["one_shared_pass"]["graph_us"] > 0
 
 
 def test_the_8b_sections_report_their_figures(report: dict) -> None:
