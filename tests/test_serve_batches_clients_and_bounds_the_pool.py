@@ -35,7 +35,8 @@ def endless(parallel: int):
 
 
 def open_stream(server, messages, max_tokens: int):
-    """A streamed request on a raw connection, read up to its first text chunk; (connection, response)."""
+    """A streamed request on a raw connection, read up to its first text chunk; (connection, response). The response
+    owns the socket (the server closes after a stream): the client holds its stream as long as it holds that."""
     conn = http.client.HTTPConnection(*server.server_address[:2], timeout=300)
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "speculation": "off"}
@@ -72,8 +73,8 @@ def test_two_run_one_waits_the_next_is_refused_and_a_dropped_client_frees_its_sl
 
     monkeypatch.setattr(scheduler, "forward_batch", gated)
     with running_server(endless(parallel=2), queue_size=1) as (server, _):
-        first, _ = open_stream(server, LONG, 4000)
-        second, _ = open_stream(server, LONG, 4000)
+        first = open_stream(server, LONG, 4000)
+        second = open_stream(server, LONG, 4000)
         gate.clear()
         assert server.queue.running == 2
 
@@ -87,12 +88,14 @@ def test_two_run_one_waits_the_next_is_refused_and_a_dropped_client_frees_its_sl
         message = body["error"]["message"]
         assert "\n" not in message and "--parallel" in message and "--queue-size" in message
 
-        first.close()  # a client that drops: its slot goes to the waiting request
+        for part in first:  # a client that drops: its slot goes to the waiting request
+            part.close()
         gate.set()
         waiter.join(timeout=300)
         status, _, answer = waited["answer"]
         assert status == 200 and answer["usage"]["completion_tokens"] == 5
-        second.close()
+        for part in second:
+            part.close()
         poll(lambda: not server.queue.busy and len(server.finished) == 3, what="every reply to end")
         # (the dropped streams end "cancelled", or "length" where the engine had finished before they read it)
         assert set(server.finished) <= {"cancelled", "length"}
