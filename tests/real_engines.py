@@ -31,10 +31,14 @@ def loaded(quant: str) -> Engine:
     return Engine.load(ref, quant=quant, device="cpu", context_window=256)
 
 
-def fresh(quant: str, context_window: int = 1024, draft=None, parallel: int | None = None) -> Engine:
-    """An engine on the real model's weights with an empty KV pool (`parallel` slots: default 4)."""
-    eng = loaded(quant)
-    return eng.fresh(context_window=context_window, draft=draft, parallel=parallel or 4)
+def fresh(quant: str, context_window: int = 1024, draft=None, parallel: int | None = None,
+          kv_cache: str | None = None) -> Engine:
+    """An engine on the real model's weights with an empty KV pool (`parallel` slots: default 4), its caches
+    stored as `kv_cache` when given."""
+    eng = loaded(quant).fresh(context_window=context_window, draft=draft, parallel=parallel or 4)
+    if kv_cache is not None:
+        eng.set_kv_cache(kv_cache)
+    return eng
 
 
 def heldout(name: str) -> str:

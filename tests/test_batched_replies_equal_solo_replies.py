@@ -54,11 +54,9 @@ def clients(seed: int) -> list[Client]:
 def test_each_client_gets_its_solo_reply(kind: str) -> None:
     seed = 100 + KV_CACHE_TYPES.index(kind)
     cs = clients(seed)
-    alone = fresh("awq", parallel=1)
-    alone.set_kv_cache(kind)
+    alone = fresh("awq", parallel=1, kv_cache=kind)
     solo = run_alone(alone, cs)
-    shared = fresh("awq", parallel=3)
-    shared.set_kv_cache(kind)
+    shared = fresh("awq", parallel=3, kv_cache=kind)
     together = run_together(shared, cs)
 
     assert max(max(r.batches, default=1) for r in together) > 1, f"seed={seed}: no pass was shared"

@@ -56,16 +56,14 @@ def prompt_kv(slot, n: int) -> dict[str, torch.Tensor]:
 def test_one_prompt_prefix_is_read_once_and_copied(kind: str) -> None:
     seed = 7 + KV_CACHE_TYPES.index(kind)
     cases = chats(seed)
-    alone = fresh("awq", parallel=1)
-    alone.set_kv_cache(kind)
+    alone = fresh("awq", parallel=1, kv_cache=kind)
     solo = []
     for messages, params in cases:
         stream = alone.session().start(messages, params)
         text, _ = read(stream)
         solo.append((text, prompt_kv(stream.job.slot, len(stream.job.ids))))
 
-    shared = fresh("awq", parallel=4)
-    shared.set_kv_cache(kind)
+    shared = fresh("awq", parallel=4, kv_cache=kind)
     with shared.scheduler._cond:  # the scheduler admits all four at once, as four clients sending together
         streams = [shared.session().start(messages, params) for messages, params in cases]
     results: list = [None] * len(streams)
