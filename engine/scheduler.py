@@ -253,6 +253,8 @@ class Scheduler:
                 for work in self._idle_work:
                     work()
                 self._idle_work.clear()
+            if not self.pool.free:
+                break
             if self._prefix_coming(job):
                 self._deferred += 1
                 continue
