@@ -23,6 +23,7 @@ from .threads import ThreadTuner
 
 PREFILL_CHUNK = 512  # long pastes prefill in pieces so activation memory stays bounded
 ROW_TILE = 16  # rows of a shared pass on the PyTorch path (`forward_batch`): every such pass has exactly this many
+WINDOW_BUCKET = 256  # attention reads the cache up to the next multiple of this: few shapes, few slots
 
 
 def shared_passes() -> bool:
@@ -30,7 +31,6 @@ def shared_passes() -> bool:
     CPU (the fallback when the native step cannot run) an fp32 product over 16 rows costs 2-3x one over a row, and
     on CUDA a shared pass runs eager, not as a graph; see docs/serving.md."""
     return os.environ.get("PARLEY_SHARED_PASSES", "0") == "1"
-WINDOW_BUCKET = 256  # attention reads the cache up to the next multiple of this: few shapes, few slots
 
 
 def attention_window(end: int, max_len: int) -> int:

@@ -413,6 +413,8 @@ class Transformer(nn.Module):
         is the same in every pass of `rows` rows whatever else shares it (the fp products are not batch invariant
         across row counts, only across rows of one count); attention runs per span, on its own cache."""
         n = tokens.shape[0]
+        if n > rows:
+            raise ValueError(f"a shared pass of {rows} rows cannot hold {n}")
         positions = torch.cat([s.positions for s in spans])
         x = self.embed(F.pad(tokens, (0, rows - n))[None])
         rope = self._ropes(F.pad(positions, (0, rows - n))[None], x.dtype)
