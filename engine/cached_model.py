@@ -53,8 +53,9 @@ class CachedModel:
     """Owns a model's KV cache; `ids` are exactly the tokens whose keys/values it holds, in order.
 
     It chooses the step a pass runs (`step_kind`): `native` (the CPU step `prepare_for_device` built,
-    for every pass), else `graphed` (CUDA graphs for decode and verification), `compiled`
-    (torch.compile of the decode step) or `torch` (the model's own forward).
+    for every pass), else `tiled` (PARLEY_SHARED_PASSES=1: `forward_spans` in ROW_TILE-row passes, shared between
+    slots), `graphed` (CUDA graphs for decode and verification), `compiled` (torch.compile of the decode step) or
+    `torch` (the model's own forward).
     """
 
     def __init__(self, model: Transformer, max_len: int, *, compile: bool = False, kv_cache: str = "fp",
@@ -89,9 +90,11 @@ class CachedModel:
 
     @property
     def step_kind(self) -> str:
-        """native | graphed | compiled | torch: what decode and verification passes run on."""
+        """native | tiled | graphed | compiled | torch: what decode and verification passes run on."""
         if self.native is not None:
             return "native"
+        if self.row_tile:
+            return "tiled"
         if self.graphed is not None:
             return "graphed"
         return "compiled" if self.step is not self.model else "torch"
