@@ -61,6 +61,9 @@ class Proposal:
 class Drafter(Protocol):
     name: str  # shown in the reply's figures: "prompt lookup", or which draft model
     cheap: bool  # no model pass: `auto` never pauses it (a miss costs only the verification of its guesses)
+    # its guesses carry scores, which the scheduler weighs against the measured pass cost, so no ramp caps how
+    # many it proposes (`SpeculationPolicy.plan`)
+    scored: bool
 
     def propose(self, context: list[int], k: int, params: GenerationParams,
                 generator: torch.Generator | None = None) -> Proposal:
@@ -167,6 +170,7 @@ class PromptLookup:
 
     name = "prompt lookup"
     cheap = True  # no model pass: `auto` never pauses it (a miss costs only the verification of its guesses)
+    scored = False
 
     def __init__(self, min_n: int = 2, max_n: int = 4) -> None:
         if not 1 <= min_n <= max_n:
@@ -222,6 +226,7 @@ class SuffixMatch:
 
     name = "suffix match"
     cheap = True  # no model pass: `auto` never pauses it (a miss costs only the verification of its guesses)
+    scored = True  # each guess's running probability (see propose)
 
     def __init__(self, depth: int = 16, per_match: float = 2.0, min_score: float = 0.2, width: int = 1,
                  nodes: float = 1.0, recency: bool = False) -> None:
@@ -307,6 +312,7 @@ class DraftModel:
         self.model = model.eval()
         self.name = name
         self.cheap = False  # each guess is a draft-model pass: `auto` pauses it when it does not pay
+        self.scored = False  # each guess costs a draft pass before the target's: the ramp bounds how many
         self.min_confidence = min_confidence
         self.max_len = max_len or min(model.config.max_seq_len, 8192)
         self.vocab_size = vocab_size  # the target's logit width, when it differs from the draft's (padding)

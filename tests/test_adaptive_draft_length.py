@@ -1,5 +1,6 @@
 """The draft length grows on full acceptance, shrinks on rejection, stays within 1..16 (and the live
-k_max), and a drafter that keeps missing is paused with a doubling back-off, then tried again."""
+k_max), and a drafter that keeps missing is paused with a doubling back-off, then tried again; a drafter whose
+guesses carry scores drafts up to k_max whenever it is not paused."""
 
 from parley.engine.speculation_pay import AdaptiveDraftLength
 
@@ -88,6 +89,7 @@ def test_a_long_match_ends_a_pause_that_misses_began_but_not_one_the_scheduler_d
 
     class Matching:
         cheap = True
+        scored = True
 
         def __init__(self) -> None:
             self.length = 0
@@ -114,3 +116,33 @@ def test_a_long_match_ends_a_pause_that_misses_began_but_not_one_the_scheduler_d
     fresh.length.update(0, 0)
     drafter.length = 50
     assert fresh.plan(drafter, [1], params, 99) == 0
+
+
+def test_a_scored_drafter_is_not_ramped_but_pauses_as_any_other():
+    """Suffix match's guesses carry scores that the scheduler weighs against the pass cost: after a round that
+    landed 2 of 16 it proposes 16 again (the ramp would say 3, then 1, 2, 4, 8: a copy started late), while an
+    unscored drafter (prompt lookup) is ramped; three misses in a row pause both alike."""
+    from parley.engine.params import GenerationParams
+    from parley.engine.speculation_pay import PassCost, SpeculationPolicy
+
+    class Scored:
+        cheap, scored = True, True
+
+        def match_length(self, context: list[int]) -> int:
+            return 0
+
+    class Unscored:
+        cheap, scored = True, False
+
+    params = GenerationParams(draft_tokens=16)
+    for drafter, after_partial in ((Scored(), 16), (Unscored(), 3)):
+        policy = SpeculationPolicy(PassCost(), k_max=16)
+        assert policy.plan(drafter, [1], params, 99) == (16 if drafter.scored else 4)
+        policy.length.update(16, 2)  # 16 guessed, 2 landed
+        assert policy.plan(drafter, [1], params, 99) == after_partial
+        assert policy.plan(drafter, [1], params, room=5) == min(after_partial, 5)  # the window still bounds it
+        for _ in range(3):
+            policy.length.update(policy.plan(drafter, [1], params, 99), 0)
+        assert policy.plan(drafter, [1], params, 99) == 0  # paused after three misses
+    slider = GenerationParams(draft_tokens=6)  # the live bound applies to a scored drafter too
+    assert SpeculationPolicy(PassCost(), k_max=16).plan(Scored(), [1], slider, 99) == 6

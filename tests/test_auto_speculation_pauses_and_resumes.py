@@ -44,6 +44,7 @@ class Guesser:
 
     def __init__(self, prompt_len: int, reply: list[int], clock: Clock, when: str, cheap: bool) -> None:
         self.start, self.reply, self.clock, self.when, self.cheap = prompt_len, reply, clock, when, cheap
+        self.scored = False  # as prompt lookup: the ramp bounds its guesses
         self.name = f"{when} guesses"
         self.calls: list[tuple[int, int]] = []  # (reply tokens decided, guesses) per proposal
 

@@ -16,6 +16,7 @@ class SliderMidRound:
 
     name = "slider"
     cheap = False
+    scored = False
 
     def __init__(self, live: GenerationParams) -> None:
         self.live = live
