@@ -81,7 +81,7 @@ SAMPLING_FLAGS = (
     ("presence_penalty", float, 0.0, "subtract this from every token seen so far (OpenAI); 0 = off"),
     ("max_new_tokens", int, 512, ""),
     ("seed", int, None, "fixed seed for reproducible sampling"),
-    ("draft_tokens", int, 8, "upper bound of the adaptive draft length"),
+    ("draft_tokens", int, 16, "upper bound of the draft length"),
 )
 
 MODEL_RECOMMENDS = ("temperature", "top_p", "top_k", "min_p")  # models/sampling_defaults.py

@@ -31,7 +31,7 @@ class GenerationParams:
     max_new_tokens: int = 512
     seed: int | None = None
     speculation: str = "auto"  # off | prompt-lookup | suffix | suffix-tree | draft | auto
-    draft_tokens: int = 8  # upper bound of the adaptive draft length
+    draft_tokens: int = 16  # upper bound of the draft length (suffix match's chains are cut by the cost model)
 
     def problems(self) -> list[tuple[str, str]]:
         """(field, message) for every field out of range; empty when all are valid."""
