@@ -1,13 +1,13 @@
 """Every client's reply is, token for token, the one it gets alone on an idle engine, whatever else runs beside it.
 
-Five clients on the default INT4 engine (the native step) with three KV slots: greedy and seeded sampling
-(with a repeat penalty, and a temperature moved mid-reply at a fixed round), speculation off, prompt lookup,
-suffix match, suffix trees and `auto`, mixed reply lengths and a pasted document read in chunks between the
-others' decode steps. They start at points set by each other's progress, so some join mid-reply and two wait
-for a slot that a finishing (or cancelled) reply frees; one is cancelled mid-stream and must have shown a
-prefix of its solo reply, with its slot holding exactly the prompt and what was shown. Every KV cache type.
-Checked bitwise (text and token ids): batch invariance of the native pass, a generator per reply and
-verification that draws as plain decoding does leave no room for a difference.
+Five clients on the default INT4 engine (the native step) with three KV slots: greedy and seeded sampling (with a
+repeat penalty, and a temperature moved mid-reply at a fixed round of a reply without guesses), speculation off,
+prompt lookup, suffix match, suffix trees and `auto`, mixed reply lengths and a pasted document read in chunks
+between the others' decode steps. They start at points set by each other's progress, so some join mid-reply and two
+wait for a slot that a finishing (or cancelled) reply frees; one is cancelled mid-stream and must have shown a
+prefix of its solo reply, with its slot holding exactly the prompt and what was shown. Every KV cache type. Checked
+bitwise (text and token ids): batch invariance of the native pass, a generator per reply and verification that
+draws as plain decoding does leave no room for a difference.
 """
 
 from __future__ import annotations
@@ -34,16 +34,20 @@ def clients(seed: int) -> list[Client]:
     start = rng.randrange(len(essay) - 3000)
     paste = essay[start : start + 2400].split(" ", 1)[-1]
     return [
+        # a slider moved mid-reply: without guesses every round decides one token, alone or beside others, so the
+        # change lands on the same token (with speculation, which token depends on the guesses a round verified,
+        # which the scheduler shares out by the batch: the change still applies at the next round)
         Client(ask("Explain this briefly: " + snippet(rng)),
-               GenerationParams(temperature=0, max_new_tokens=48, speculation="off")),
+               RoundParams(temperature=0, seed=seed + 3, max_new_tokens=48, speculation="off",
+                           changes={6: {"temperature": 0.8}})),
         Client(ask("Continue the story: " + snippet(rng)),
                GenerationParams(temperature=0.9, top_p=0.95, repeat_penalty=1.1, seed=seed, max_new_tokens=40,
                                 speculation="suffix"), after=(0, 3)),
         Client(ask("Summarise this, quoting it:\n\n" + paste),  # ~500 tokens: read in chunks beside the others
                GenerationParams(temperature=0, max_new_tokens=36, speculation="suffix-tree"), after=(1, 2)),
         Client(ask("Write a short poem about " + snippet(rng, 10, 40)),
-               RoundParams(temperature=0, seed=seed + 1, max_new_tokens=56, speculation="auto",
-                           changes={6: {"temperature": 0.8}})),  # waits for a slot, joins when one frees
+               GenerationParams(temperature=0, seed=seed + 1, max_new_tokens=56,
+                                speculation="auto")),  # waits for a slot, joins when one frees
         Client(ask("List some facts about " + snippet(rng, 10, 60)),
                GenerationParams(temperature=0.7, seed=seed + 2, max_new_tokens=64, speculation="prompt-lookup"),
                after=(0, 1), cancel_after=5),
