@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
+from statistics import median
 
 import torch
 
@@ -60,21 +62,27 @@ def set_threads(n: int) -> None:
 class ThreadTuner:
     """Keeps the faster thread count for decode steps, re-checking the alternatives every `period_s`.
 
-    Steps are timed per token; a probe runs `probe_steps` steps at each other candidate and switches when
-    one is faster by `margin`. The first probe round starts at the first step (a busy machine at two
-    threads is ~100x slower, so waiting a period first would cost seconds); later ones every `period_s`.
-    Cheap: a probe is a few steps every few seconds.
+    A probe runs `probe_steps` steps at each other candidate and switches when one is faster by `margin`, each
+    step set against the current count's recent steps (its last 5) of as many rows (`_decide`). The first
+    probe round starts at the first step (a busy machine at two threads is ~100x slower, so waiting a period
+    first would cost seconds). A candidate whose first step takes more than `hopeless` times what the current
+    count's recent steps of as many rows took is dropped without its other steps: beside one busy core a
+    2-thread step took 4x a 1-thread one, so a whole 4-step probe every 2 s cost ~50 ms, ~20% of a reply it
+    landed in.
     """
 
     def __init__(self, candidates: list[int] | None = None, period_s: float = 2.0, probe_steps: int = 4,
-                 margin: float = 0.9, clock=time.perf_counter, start: int | None = None) -> None:
+                 margin: float = 0.9, clock=time.perf_counter, start: int | None = None,
+                 hopeless: float = 2.5) -> None:
         cores = available_cores()
         self.candidates = candidates or sorted({1, cores})
         self.current = start if start in self.candidates else max(self.candidates)
         self.period_s, self.probe_steps, self.margin, self.clock = period_s, probe_steps, margin, clock
+        self.hopeless = hopeless
         self._last_probe = -float("inf")
         self._probe: list[int] = []  # candidates still to probe in this round
-        self._times: dict[int, list[float]] = {}
+        self._steps: dict[int, list[tuple[int, float]]] = {}  # this round's steps by count: (rows, seconds)
+        self._recent: dict[tuple[int, int], deque[float]] = {}  # (threads, rows) -> seconds of recent steps
 
     @property
     def enabled(self) -> bool:
@@ -86,7 +94,7 @@ class ThreadTuner:
             return self.current
         if not self._probe and self.clock() - self._last_probe > self.period_s:
             self._probe = [c for c in self.candidates if c != self.current] + [self.current]
-            self._times = {}
+            self._steps = {}
         n = self._probe[0] if self._probe else self.current
         self._use(n)
         return n
@@ -103,18 +111,45 @@ class ThreadTuner:
             set_threads(n)
 
     def after_step(self, n: int, seconds: float, tokens: int) -> None:
-        if not self.enabled or not self._probe or tokens <= 0:
+        if not self.enabled or tokens <= 0:
             return
-        times = self._times.setdefault(n, [])
-        times.append(seconds / tokens)
-        if len(times) >= self.probe_steps:
+        if n == self.current:
+            self._recent.setdefault((n, tokens), deque(maxlen=5)).append(seconds)
+        if not self._probe:
+            return
+        steps = self._steps.setdefault(n, [])
+        steps.append((tokens, seconds))
+        usual = self._usual(tokens, least=3)
+        hopeless = n != self.current and usual is not None and seconds > self.hopeless * usual
+        if hopeless or len(steps) >= self.probe_steps:  # a hopeless count's one step stands for its probe
             self._probe.pop(0)
-            if not self._probe:  # round done: keep the fastest (median per token)
-                med = {c: sorted(t)[len(t) // 2] for c, t in self._times.items()}
-                best = min(med, key=med.get)
-                if best != self.current and med[best] < self.margin * med.get(self.current, float("inf")):
-                    self.current = best
-                self._last_probe = self.clock()
+            if not self._probe:
+                self._decide()
+
+    def _usual(self, rows: int, least: int = 1) -> float | None:
+        """The median time of the current count's recent steps of `rows` rows (None: fewer than `least`)."""
+        recent = self._recent.get((self.current, rows))
+        return median(recent) if recent is not None and len(recent) >= least else None
+
+    def _decide(self) -> None:
+        """A probe round is done: switch to the count whose steps ran fastest against the current count's recent
+        steps of as many rows (a pass's time is not proportional to its rows: a 5-row verification pass is no
+        5 decode steps, so per token a probe's long passes would beat the current count's short ones), by at
+        least `margin`; where fewer than half of its steps have such a match, by the median time per token."""
+        current, faster = self.current, {}
+        per_token = {c: median(s / r for r, s in steps) for c, steps in self._steps.items()}
+        for c, steps in self._steps.items():
+            if c == current:
+                continue
+            rel = [s / usual for r, s in steps if (usual := self._usual(r)) is not None]
+            if 2 * len(rel) >= len(steps):
+                faster[c] = median(rel)
+            elif current in per_token:
+                faster[c] = per_token[c] / per_token[current]
+        best = min(faster, key=faster.__getitem__, default=current)
+        if best != current and faster[best] < self.margin:
+            self.current = best
+        self._last_probe = self.clock()
 
 
 _shared: ThreadTuner | None = None

@@ -468,6 +468,23 @@ MUTANTS: list[Mutant] = [
            '"lm_head.weight": _rows_rotated(head, q, norm)})',
            '"lm_head.weight": _rows_rotated(head, q)})',
            ("tests/test_quantize_answers_are_the_fp_models.py",)),
+    # -- the thread tuner beside a busy core --
+    Mutant("tuner-hopeless-probe-runs-its-steps", "engine/threads.py",
+           "hopeless = n != self.current and usual is not None and seconds > self.hopeless * usual",
+           "hopeless = False",
+           ("tests/test_thread_tuner_follows_a_busy_machine.py",)),
+    Mutant("tuner-probe-judged-per-token", "engine/threads.py",
+           "if 2 * len(rel) >= len(steps):",
+           "if False:",
+           ("tests/test_thread_tuner_follows_a_busy_machine.py",)),
+    Mutant("tuner-stale-usual", "engine/threads.py",
+           "deque(maxlen=5)",
+           "deque(maxlen=9)",
+           ("tests/test_thread_tuner_follows_a_busy_machine.py",)),
+    Mutant("tuner-hopeless-at-twice", "engine/threads.py",
+           "hopeless: float = 2.5",
+           "hopeless: float = 2.0",
+           ("tests/test_thread_tuner_follows_a_busy_machine.py",)),
 ]
 
 

@@ -100,3 +100,61 @@ def test_first_passes_leave_the_busy_cores_to_others():
     assert threads.start_count(8, 2.0) == 6
     assert threads.ThreadTuner(candidates=[1, 2], start=1).current == 1
     assert threads.ThreadTuner(candidates=[1, 2], start=None).current == 2
+
+
+def probe_runs(used: list[int], current: int) -> list[int]:
+    """The lengths of the runs of steps at a count other than `current` (each run: one probe)."""
+    runs, n = [], 0
+    for c in used:
+        if c != current:
+            n += 1
+        elif n:
+            runs.append(n)
+            n = 0
+    return runs
+
+
+def test_a_hopeless_probe_ends_after_one_step(calls: list[int]) -> None:
+    """Beside a busy core a 2-thread step costs several 1-thread ones: once the current count's steps are
+    timed, a probe whose first step takes more than twice theirs is dropped without its other steps."""
+    clock = [0.0]
+    tuner = threads.ThreadTuner([1, 2], period_s=0.1, probe_steps=4, clock=lambda: clock[0], start=1)
+    used = run_steps(tuner, clock, {1: 5.0, 2: 40.0}, 400)
+    runs = probe_runs(used, 1)
+    assert runs[0] == 4  # the first probe, at the first step: nothing timed yet to compare with
+    assert len(runs) >= 3 and set(runs[1:]) == {1}, runs
+    assert tuner.current == 1
+    # a candidate only a little slower runs its whole probe (one slow step is no verdict on a close call)
+    tuner = threads.ThreadTuner([1, 2], period_s=0.1, probe_steps=4, clock=lambda: clock[0], start=1)
+    runs = probe_runs(run_steps(tuner, clock, {1: 5.0, 2: 7.0}, 400), 1)
+    assert len(runs) >= 3 and set(runs) == {4}, runs
+
+
+def test_a_probe_is_judged_against_steps_of_as_many_rows(calls: list[int]) -> None:
+    """A pass's time is not proportional to its rows: two threads 1.5x slower at every row count must not win
+    because their probe happened to run 5-row verification passes while the current count ran 1-row steps
+    (per token, 9 / 5 ms against 4 ms)."""
+    clock = [0.0]
+    tuner = threads.ThreadTuner([1, 2], period_s=0.1, probe_steps=4, clock=lambda: clock[0], start=1)
+    cycle = [1, 5]
+    for i in range(600):
+        used = tuner.before_step()
+        rows = 5 if used != tuner.current else cycle[i % 2]
+        ms = (4.0 + 0.5 * (rows - 1)) * (1.5 if used == 2 else 1.0)
+        clock[0] += ms / 1e3
+        tuner.after_step(used, ms / 1e3, rows)
+        if i > 10:  # past the first probe (nothing timed at one thread to compare with yet)
+            assert tuner.current == 1, i
+
+
+def test_a_load_that_begins_between_replies_is_seen_by_the_next_probe(calls: list[int]) -> None:
+    """A user pauses, a build starts, the next reply begins: the first probe compares one thread with two
+    threads' steps as they are now, not as they were before the pause (a 1-thread step of 8 ms is more than
+    twice the 3.5 ms two threads took on the quiet machine, and a fifth of the 40 ms they take now)."""
+    clock = [0.0]
+    tuner = threads.ThreadTuner([1, 2], period_s=0.1, probe_steps=4, clock=lambda: clock[0])
+    run_steps(tuner, clock, {1: 6.0, 2: 3.5}, 200)
+    assert tuner.current == 2
+    clock[0] += 1.0  # the pause: the next step probes
+    used = run_steps(tuner, clock, {1: 8.0, 2: 40.0}, 9)
+    assert used == [1] * 4 + [2] * 4 + [1] and tuner.current == 1
