@@ -216,6 +216,11 @@ class AdaptiveDraftLength:
         match's proposal and the scheduler's sharing cost ~0.1 ms a round, 6% of a 4-reply step)."""
         self._declined = True
 
+    @property
+    def resting(self) -> bool:
+        """Paused because the scheduler declined this reply's guesses (beside other replies), not after misses."""
+        return bool(self._pause) and self._resting
+
     def resume(self) -> None:
         """End a pause that misses began (not one the scheduler's declines did): the drafter has evidence that its
         next guesses land, e.g. a long match (`SpeculationPolicy.plan`). The back-off stays as it was."""
@@ -283,7 +288,9 @@ class SpeculationPolicy:
                                                                    or not self.pay.pays()):
             return 0
         match = getattr(drafter, "match_length", None)  # suffix match's: prompt lookup and draft models wait
-        if self.length.k == 0 and match is not None and match(context) >= RESUME_MATCH:
+        # not while resting after declines, which no match ends: beside 7 other replies the probe (~0.05 ms a round,
+        # the trie cold after every pass) cost each of them every round
+        if self.length.k == 0 and not self.length.resting and match is not None and match(context) >= RESUME_MATCH:
             self.length.resume()
         if drafter.scored and self.length.k:
             # Scored guesses are cut against the measured pass cost (`share_guesses`), so the ramp's only effect

@@ -485,6 +485,10 @@ MUTANTS: list[Mutant] = [
            "hopeless: float = 2.5",
            "hopeless: float = 2.0",
            ("tests/test_thread_tuner_follows_a_busy_machine.py",)),
+    Mutant("resting-reply-probes-its-match", "engine/speculation_pay.py",
+           "if self.length.k == 0 and not self.length.resting and match is not None",
+           "if self.length.k == 0 and match is not None",
+           ("tests/test_adaptive_draft_length.py",)),
 ]
 
 
