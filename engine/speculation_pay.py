@@ -217,14 +217,14 @@ class AdaptiveDraftLength:
         self._declined = True
 
     @property
-    def resting(self) -> bool:
-        """Paused because the scheduler declined this reply's guesses (beside other replies), not after misses."""
-        return bool(self._pause) and self._resting
+    def resumable(self) -> bool:
+        """Paused after misses (not resting after the scheduler's declines): evidence of a coming copy ends it."""
+        return bool(self._pause) and not self._resting
 
     def resume(self) -> None:
         """End a pause that misses began (not one the scheduler's declines did): the drafter has evidence that its
         next guesses land, e.g. a long match (`SpeculationPolicy.plan`). The back-off stays as it was."""
-        if not self._resting:
+        if self.resumable:
             self._pause = 0
 
     def update(self, proposed: int, accepted: int) -> None:
@@ -288,9 +288,9 @@ class SpeculationPolicy:
                                                                    or not self.pay.pays()):
             return 0
         match = getattr(drafter, "match_length", None)  # suffix match's: prompt lookup and draft models wait
-        # not while resting after declines, which no match ends: beside 7 other replies the probe (~0.05 ms a round,
-        # the trie cold after every pass) cost each of them every round
-        if self.length.k == 0 and not self.length.resting and match is not None and match(context) >= RESUME_MATCH:
+        # only where a match can end the pause: resting after declines, beside 7 other replies the probe (~0.05 ms a
+        # round, the trie cold after every pass) cost each of them every round
+        if self.length.resumable and match is not None and match(context) >= RESUME_MATCH:
             self.length.resume()
         if drafter.scored and self.length.k:
             # Scored guesses are cut against the measured pass cost (`share_guesses`), so the ramp's only effect
