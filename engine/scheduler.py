@@ -430,16 +430,18 @@ def share_guesses(asks: list[Guesses], rows: int, tokens: float, cost: PassCost)
     take = [min(a.least, len(a.scores)) for a in asks]
     rows += sum(take)
     tokens += sum(sum(a.scores[:n]) for a, n in zip(asks, take, strict=True))
-    candidates = sorted(((s, j, i) for i, a in enumerate(asks) for j, s in enumerate(a.scores) if j >= take[i]),
-                        key=lambda c: (-c[0], c[1]))
-    for score, j, i in candidates:
+    candidates = sorted((-s, j, i) for i, a in enumerate(asks) for j, s in enumerate(a.scores) if j >= take[i])
+    now = cost.ratio(rows)
+    for neg, j, i in candidates:
         if j != take[i]:  # its sequence's earlier guess did not join
             continue
-        if (tokens + score) / cost.ratio(rows + 1) <= tokens / cost.ratio(rows):
+        more = cost.ratio(rows + 1)
+        if (tokens - neg) / more <= tokens / now:
             break
         take[i] += 1
         rows += 1
-        tokens += score
+        tokens -= neg
+        now = more
     return take
 
 

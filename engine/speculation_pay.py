@@ -58,7 +58,9 @@ class PassCost:
     @property
     def slope(self) -> float | None:
         """Seconds per extra token of a pass (None until a longer pass and a 1-token pass are timed)."""
-        base = self.base
+        return self._slope(self.base)
+
+    def _slope(self, base: float | None) -> float | None:
         if base is None or not self._longer:
             return None
         return max(0.0, median((seconds - base) / (tokens - 1) for tokens, seconds in self._longer))
@@ -94,7 +96,7 @@ class PassCost:
             return slope / base
         if base is None or base <= 0:
             return PRIOR_SLOPE
-        slope = self.slope
+        slope = self._slope(base)
         return (slope if slope is not None else PRIOR_SLOPE * base) / base
 
 

@@ -7,9 +7,10 @@ guess chain is worth extending. Every substring of length <= depth is a path fro
 appending a token only extends the `depth` paths of the current suffixes (O(depth) dict operations,
 no rebuild as a pasted document or a reply grows), and truncating undoes exactly those steps.
 
-Memory: at most `depth` nodes per token (arrays of ints plus one dict entry each), ~1.7 MB per
+Memory: at most `depth` nodes per token (arrays of ints plus one dict entry each), ~1.8 MB per
 1,000 tokens at depth 16. Each node also links to its newest child and next sibling, so `tree` can list a
-match's continuations without scanning the dict.
+match's continuations without scanning the dict, and to its suffix (its string less the first token), so a
+guess chain moves from one longest match to the next in a step or two instead of re-reading every suffix.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class SuffixTrie:
         self._token = array("l", [-1])  # the token that leads to the node
         self._first = array("l", [-1])  # the node's newest child (-1: none); siblings chain through _next
         self._next = array("l", [-1])
+        self._link = array("l", [0])  # the node of the string less its first token (the root's: itself)
         self._active: list[int] = [0]  # the node of each suffix of `ids`, by length 0..depth-1
         self._block = 1  # _active[_block:]: nodes the last append made (childless, numbered in a row)
 
@@ -99,7 +101,9 @@ class SuffixTrie:
             for a in (best, newest):
                 a[b0:b1] = array("l", [token]) * (b1 - b0)
         self.ids.append(token)
-        self._active = [*active, *range(len(count) - m, len(count))][: self.depth]
+        suffixes = [*active, *range(len(count) - m, len(count))]  # the new suffixes by length, 0..len
+        self._link.extend(suffixes[seen : seen + m])  # a new node's suffix is the one a token shorter
+        self._active = suffixes[: self.depth]
         self._block = 1 + seen
 
     def truncate(self, n: int) -> None:
@@ -156,12 +160,10 @@ class SuffixTrie:
         active = self._active
         for t in tail or ():
             active = self._advance(active, t)
+        node, length = self._longest(active)
         draft: list[int] = []
         shares: list[float] = []
-        while len(draft) < k:
-            node = next((a for a in reversed(active) if out[a] > 0), 0)  # the longest match with a follower
-            if node == 0:
-                break
+        while len(draft) < k and node:
             x = best[node]
             if recency and newest[node] != x and newest[node] >= 0:
                 fresh = count[child[node << _SHIFT | newest[node]]]
@@ -172,7 +174,7 @@ class SuffixTrie:
                 break
             draft.append(x)
             shares.append(share)
-            active = self._advance(active, x)
+            node, length = self._follow(node, length, x)
         return draft, shares
 
     def tree(self, k: int, min_score: float, width: int = 3, depth: int | None = None
@@ -190,28 +192,27 @@ class SuffixTrie:
         tokens: list[int] = []
         parents: list[int] = []
         scores: list[float] = []
-        heap: list[tuple[float, int, int, int, int, list[int]]] = []  # (-score, order, parent, depth, token,
-        order = 0  # the parent's suffixes)
+        heap: list[tuple[float, int, int, int, int, int, int]] = []  # (-score, order, parent, depth, token,
+        order = 0  # and the parent's longest match with a follower and its length)
         depth = depth or k
 
-        def offer(parent: int, score: float, d: int, active: list[int]) -> None:
+        def offer(parent: int, score: float, d: int, node: int, length: int) -> None:
             nonlocal order
-            node = next((a for a in reversed(active) if out[a] > 0), 0)  # the longest match with a follower
             if node == 0 or d > depth:
                 return
             for x, c in self._children(node, width):
                 share = count[c] / out[node]
                 if score * share >= min_score:
-                    heapq.heappush(heap, (-score * share, order, parent, d, x, active))
+                    heapq.heappush(heap, (-score * share, order, parent, d, x, node, length))
                     order += 1
 
-        offer(-1, 1.0, 1, self._active)
+        offer(-1, 1.0, 1, *self._longest(self._active))
         while heap and len(tokens) < k:
-            neg, _, parent, d, x, active = heapq.heappop(heap)
+            neg, _, parent, d, x, node, length = heapq.heappop(heap)
             tokens.append(x)
             parents.append(parent)
             scores.append(-neg)
-            offer(len(tokens) - 1, -neg, d + 1, self._advance(active, x))
+            offer(len(tokens) - 1, -neg, d + 1, *self._follow(node, length, x))
         return tokens, parents, scores
 
     def _children(self, node: int, width: int) -> list[tuple[int, int]]:
@@ -232,7 +233,26 @@ class SuffixTrie:
         active = self._active
         for t in tail or ():
             active = self._advance(active, t)
-        return next((m for m in range(len(active) - 1, 0, -1) if self._out[active[m]] > 0), 0)
+        return self._longest(active)[1]
+
+    def _longest(self, active: list[int]) -> tuple[int, int]:
+        """The longest suffix in `active` that occurred followed by a token, and its length (the root, 0: none)."""
+        out = self._out
+        length = len(active) - 1
+        while length and out[active[length]] == 0:
+            length -= 1
+        return active[length], length
+
+    def _follow(self, node: int, length: int, token: int) -> tuple[int, int]:
+        """`_longest` after reading `token` past a match `node` of `length` tokens that `token` followed: the
+        match grown by the token, then shorter by suffix links until something followed it (never a string of
+        `depth` tokens: the trie holds nothing longer). What `_longest(_advance(active, token))` finds, without
+        the other suffixes."""
+        out, link = self._out, self._link
+        node, length = self._child[node << _SHIFT | token], length + 1
+        while length and out[node] == 0:
+            node, length = link[node], length - 1
+        return node, length
 
     def _advance(self, active: list[int], token: int) -> list[int]:
         """The suffix nodes after reading `token` (without adding it): those whose path extends by it."""
