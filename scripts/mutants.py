@@ -489,6 +489,14 @@ MUTANTS: list[Mutant] = [
            "if self.length.resumable and match is not None",
            "if self.length.k == 0 and match is not None",
            ("tests/test_adaptive_draft_length.py",)),
+    Mutant("suffix-link-one-step-only", "engine/suffix_trie.py",
+           "        while length and out[node] == 0:",
+           "        if length and out[node] == 0:",
+           ("tests/test_suffix_trie_draft_follows_the_longest_match.py",)),
+    Mutant("suffix-link-to-the-new-node", "engine/suffix_trie.py",
+           "self._link.extend(suffixes[seen : seen + m])",
+           "self._link.extend(suffixes[seen + 1 : seen + m + 1])",
+           ("tests/test_suffix_trie_draft_follows_the_longest_match.py",)),
 ]
 
 
