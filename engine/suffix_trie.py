@@ -7,10 +7,13 @@ guess chain is worth extending. Every substring of length <= depth is a path fro
 appending a token only extends the `depth` paths of the current suffixes (O(depth) dict operations,
 no rebuild as a pasted document or a reply grows), and truncating undoes exactly those steps.
 
-Memory: at most `depth` nodes per token (arrays of ints plus one dict entry each), ~1.8 MB per
-1,000 tokens at depth 16. Each node also links to its newest child and next sibling, so `tree` can list a
-match's continuations without scanning the dict, and to its suffix (its string less the first token), so a
-guess chain moves from one longest match to the next in a step or two instead of re-reading every suffix.
+Memory: at most `depth` nodes per token (a slot in each of nine lists and arrays of ints, and one dict entry),
+~2.7 MB per 1,000 tokens of a pasted manual page at depth 16. Each node links to its newest child and next
+sibling, so `tree` can list a match's continuations without scanning the dict, and to its suffix (its string
+less the first token), so a guess chain moves from one longest match to the next in a step or two instead of
+re-reading every suffix. What every append updates (counts, best and newest child) sits in lists, which index
+~20% faster than arrays and are no larger (their small ints and token ids are shared objects); the links, each
+a node number of its own, stay in arrays.
 """
 
 from __future__ import annotations
@@ -29,11 +32,11 @@ class SuffixTrie:
         self.depth = depth
         self.ids: list[int] = []
         self._child: dict[int, int] = {}  # node << _SHIFT | token -> child node
-        self._count = array("l", [0])  # occurrences of the node's string
-        self._out = array("l", [0])  # occurrences followed by a token (sum of the children's counts)
-        self._best = array("l", [-1])  # the child token seen most often (the newest among equals); -1: none
-        self._best_count = array("l", [0])  # that child's count
-        self._newest = array("l", [-1])  # the child token that followed the node's string most recently
+        self._count = [0]  # occurrences of the node's string
+        self._out = [0]  # occurrences followed by a token (sum of the children's counts)
+        self._best = [-1]  # the child token seen most often (the newest among equals); -1: none
+        self._best_count = [0]  # that child's count
+        self._newest = [-1]  # the child token that followed the node's string most recently
         self._token = array("l", [-1])  # the token that leads to the node
         self._first = array("l", [-1])  # the node's newest child (-1: none); siblings chain through _next
         self._next = array("l", [-1])
@@ -76,11 +79,12 @@ class SuffixTrie:
         # The longer suffixes never occurred followed by `token`: one new node each, made in bulk (a paste makes
         # ~depth a token). Those of them the last append made (`block` on) are childless and numbered in a row.
         m, c = len(suffixes) - seen, len(count)
-        count.extend(array("l", [1]) * m)
-        for a in (out, best_count):
-            a.extend(array("l", [0]) * m)
-        for a in (best, newest, first):
-            a.extend(array("l", [-1]) * m)
+        count.extend([1] * m)
+        out.extend([0] * m)
+        best_count.extend([0] * m)
+        best.extend([-1] * m)
+        newest.extend([-1] * m)
+        first.extend(array("l", [-1]) * m)
         self._token.extend(array("l", [token]) * m)
         older = suffixes[seen:block]  # parents that may have children already
         self._next.extend([first[node] for node in older])
@@ -96,10 +100,8 @@ class SuffixTrie:
         if block < len(suffixes):
             b0, b1 = suffixes[block], suffixes[block] + len(suffixes) - block
             first[b0:b1] = array("l", range(c, c + b1 - b0))
-            for a in (out, best_count):
-                a[b0:b1] = array("l", [1]) * (b1 - b0)
-            for a in (best, newest):
-                a[b0:b1] = array("l", [token]) * (b1 - b0)
+            out[b0:b1] = best_count[b0:b1] = [1] * (b1 - b0)
+            best[b0:b1] = newest[b0:b1] = [token] * (b1 - b0)
         self.ids.append(token)
         suffixes = [*active, *range(len(count) - m, len(count))]  # the new suffixes by length, 0..len
         self._link.extend(suffixes[seen : seen + m])  # a new node's suffix is the one a token shorter
