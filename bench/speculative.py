@@ -21,6 +21,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from ..engine.speculation_pay import PassCost
 from .harness import add_json_argument, emit, median, median_run, peer_env
 
 CHAT_PROMPT = "Give me three tips for keeping a sourdough starter healthy, with a sentence on why each works."
@@ -58,14 +59,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="decode exactly --new-tokens tokens (stop tokens do not end a reply)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--device", default=None)
+    p.add_argument("--modelled", type=float, default=None, metavar="PER_ROW",
+                   help="also a figure the machine's load cannot move: each pass costed as 1 + PER_ROW x (rows - 1) "
+                        "one-row passes, and the engine choosing how many guesses to verify by that cost instead "
+                        "of the measured one, so at temperature 0 every run gives the same (e.g. 0.19: one more "
+                        "row at ~1,400 tokens of context on a 2-core CPU). For comparing drafting policies")
     add_json_argument(p)
+
+
+class ModelledPassCost(PassCost):
+    """A pass of T rows costs 1 + per_row x (T - 1) one-row passes whatever the clock says (`--modelled`)."""
+
+    def __init__(self, per_row: float) -> None:
+        super().__init__()
+        self.per_row = per_row
+
+    def add(self, tokens: int, seconds: float) -> None:
+        pass
+
+    def ratio(self, tokens: int) -> float:
+        return 1 + self.per_row * (tokens - 1)
 
 
 def document() -> str:
     return resources.files("parley").joinpath("assets/speculative/document.md").read_text()
 
 
-def one_reply(engine, messages: list[dict], speculation: str, new_tokens: int, draft_tokens: int) -> dict:
+def one_reply(engine, messages: list[dict], speculation: str, new_tokens: int, draft_tokens: int,
+              per_row: float | None = None) -> dict:
     from ..engine.events import consume
     from ..engine.params import GenerationParams
 
@@ -78,10 +99,14 @@ def one_reply(engine, messages: list[dict], speculation: str, new_tokens: int, d
     stats, done = reply.stats, reply.done
     if done is None or done.reason == "error" or stats is None:
         raise RuntimeError(f"reply failed: {done}")
-    return {"tok_s": round(stats.tokens_per_s, 2), "new_tokens": stats.new_tokens, "proposed": stats.proposed,
-            "accepted": stats.accepted, "acceptance": round(stats.acceptance_rate, 3),
-            "tokens_per_pass": round(stats.tokens_per_target_pass, 2), "ttft_s": round(stats.ttft_s, 2),
-            "drafter": stats.drafter, "note": stats.speculation_note}
+    out = {"tok_s": round(stats.tokens_per_s, 2), "new_tokens": stats.new_tokens, "proposed": stats.proposed,
+           "accepted": stats.accepted, "acceptance": round(stats.acceptance_rate, 3),
+           "tokens_per_pass": round(stats.tokens_per_target_pass, 2), "ttft_s": round(stats.ttft_s, 2),
+           "drafter": stats.drafter, "note": stats.speculation_note}
+    if per_row is not None and stats.tokens_per_target_pass > 0:  # the reply's passes, in modelled one-row passes
+        passes = round(stats.new_tokens / stats.tokens_per_target_pass)
+        out["modelled_cost"] = round(passes + per_row * stats.proposed, 3)
+    return out
 
 
 def scenario(engine, messages: list[dict], drafts: dict, args: argparse.Namespace) -> dict:
@@ -93,12 +118,14 @@ def scenario(engine, messages: list[dict], drafts: dict, args: argparse.Namespac
     for _ in range(args.repeats):
         for name, (mode, draft) in configs.items():
             engine.draft = draft
-            runs[name].append(one_reply(engine, messages, mode, args.new_tokens, args.draft_tokens))
+            runs[name].append(one_reply(engine, messages, mode, args.new_tokens, args.draft_tokens, args.modelled))
     engine.draft = None
     out = {name: median_run(rs, "tok_s") for name, rs in runs.items()}
     for name, r in out.items():
         if name != "plain" and out["plain"]["tok_s"] > 0:
             r["vs_plain"] = round(r["tok_s"] / out["plain"]["tok_s"], 3)
+        if "modelled_cost" in r and "modelled_cost" in out["plain"]:  # the same tokens at temperature 0
+            r["modelled_vs_plain"] = round(out["plain"]["modelled_cost"] / r["modelled_cost"], 3)
     return out
 
 
@@ -155,6 +182,8 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     engine = Engine.load(args.model, quant=args.quant, device=args.device)
+    if args.modelled is not None:
+        engine.pass_cost = ModelledPassCost(args.modelled)
     if args.ignore_eos:
         engine.tokenizer.stop_ids = frozenset()
     drafts = {}
@@ -241,8 +270,10 @@ def suite_results(engine, drafts: dict, peer, args: argparse.Namespace) -> dict:
             figures.update(llama_lookup(peer, engine.tokenizer.render_chat(messages), depth, args))
         for r in figures.values():  # auto against the best fixed drafter of this prompt
             r.setdefault("vs_plain", 1.0)
-        fixed = [r["tok_s"] for mode, r in figures.items() if mode in ("prompt_lookup", "suffix", "suffix_tree")]
-        figures["auto"]["vs_best_fixed"] = round(figures["auto"]["tok_s"] / max(max(fixed), 1e-9), 3)
+        for key in ("tok_s", "modelled_vs_plain") if args.modelled is not None else ("tok_s",):
+            fixed = [r[key] for mode, r in figures.items() if mode in ("prompt_lookup", "suffix", "suffix_tree")]
+            best = "vs_best_fixed" if key == "tok_s" else "modelled_vs_best_fixed"
+            figures["auto"][best] = round(figures["auto"][key] / max(max(fixed), 1e-9), 3)
         results["documents"][name] = {"prompt_tokens": depth, "modes": figures}
     summarised = {n: d for n, d in results["documents"].items() if n != "free chat"}
     modes = list(next(iter(results["documents"].values()))["modes"])
@@ -252,10 +283,10 @@ def suite_results(engine, drafts: dict, peer, args: argparse.Namespace) -> dict:
         for mode in modes:
             rs = [d["modes"][mode] for d in summarised.values() if "tok_s" in d["modes"].get(mode, {})]
             if rs:
-                row[mode] = {key: round(pick(r[key] for r in rs), 3) for key in ("tok_s", "vs_plain", "tokens_per_pass")
+                row[mode] = {key: round(pick(r[key] for r in rs), 3)
+                             for key in ("tok_s", "vs_plain", "tokens_per_pass", "modelled_vs_plain", "vs_best_fixed",
+                                         "modelled_vs_best_fixed")
                              if all(key in r for r in rs)}
-                if mode == "auto":
-                    row[mode]["vs_best_fixed"] = round(pick(r["vs_best_fixed"] for r in rs), 3)
         results["summary"][label] = row
     return results
 
@@ -274,12 +305,21 @@ def suite_lines(results: dict, args: argparse.Namespace) -> list[str]:
         return "  ".join(f"{figures[m]['vs_plain']:>9.2f}x/{figures[m]['tokens_per_pass']:<5.2f}"
                          if "tok_s" in figures.get(m, {}) else f"{'-':>16}" for m in modes)
 
+    def versus(auto: dict) -> str:
+        modelled = auto.get("modelled_vs_best_fixed")
+        return f"  auto/best fixed {auto['vs_best_fixed']:.2f}" + (f" (modelled {modelled:.3f})" if modelled else "")
+
     for name, d in results["documents"].items():
         out.append(f"{name:<20} {d['prompt_tokens']:>6} {d['modes']['plain']['tok_s']:>11.1f}  {cells(d['modes'])}"
-                   f"  auto/best fixed {d['modes']['auto']['vs_best_fixed']:.2f}")
+                   + versus(d["modes"]["auto"]))
     for label, row in results["summary"].items():
         out.append(f"{label + ' (documents)':<20} {'':>6} {row['plain']['tok_s']:>11.1f}  {cells(row)}"
-                   f"  auto/best fixed {row['auto']['vs_best_fixed']:.2f}")
+                   + versus(row["auto"]))
+    if args.modelled is not None:
+        median_row = results["summary"]["median"]
+        out.append(f"modelled (a pass of T rows costs 1 + {args.modelled} x (T - 1) one-row passes), median tokens per "
+                   "modelled pass: " + "  ".join(f"{m} {median_row[m]['modelled_vs_plain']:.3f}" for m in modes
+                                                 if "modelled_vs_plain" in median_row.get(m, {})))
     return out
 
 

@@ -215,9 +215,12 @@ class Engine:
         return self.prompt_lookup if mode == "prompt-lookup" else self.suffix_match
 
     def reset_cache(self) -> None:
-        """Forget every cached token (every slot's and the draft model's); between replies."""
+        """Forget every cached token (every slot's, its drafters' indexes and the draft model's); between replies.
+        A drafter's index rolled back rather than rebuilt may draft otherwise (`SuffixTrie.truncate`), so a bench
+        that starts each reply here sees every mode start alike."""
         for slot in self.pool.slots:
             slot.rollback(0)
+            slot.drafters.clear()
         if hasattr(self.draft, "reset"):
             self.draft.reset()
 

@@ -92,3 +92,33 @@ def test_a_documents_path_that_is_no_folder_is_one_line(tmp_path):
 
     with pytest.raises(SystemExit, match="not a folder"):
         documents.folder(str(tmp_path / "nope"))
+
+
+def test_modelled_figures_follow_the_given_cost_and_repeat_exactly(monkeypatch, capsys, tmp_path):
+    """`--modelled PER_ROW`: the engine decides how many guesses to verify on the given cost, not the clock, so
+    two runs give the same modelled figures; rows priced at nothing verify every guess suffix match makes, rows
+    priced at 100 passes verify one at most (alone a reply verifies at least one, to go on measuring)."""
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *a, **kw: tiny_engine(seed=3)))
+    (tmp_path / "a.txt").write_text("The quick brown fox jumps over the lazy dog.\n" * 40)
+    p = argparse.ArgumentParser()
+    bench_speculative.add_arguments(p)
+
+    def run(per_row: str) -> dict:
+        args = p.parse_args(["--json", "--documents", str(tmp_path), "--prompt-budget", "300", "--new-tokens", "16",
+                             "--draft-tokens", "8", "--peer", "none", "--modelled", per_row])
+        assert bench_speculative.run(args) == 0
+        return json.loads(capsys.readouterr().out)
+
+    first, again = run("0.2"), run("0.2")
+    for name, doc in first["documents"].items():
+        for mode, r in doc["modes"].items():
+            assert r["modelled_vs_plain"] == again["documents"][name]["modes"][mode]["modelled_vs_plain"], (name, mode)
+        assert doc["modes"]["plain"]["modelled_vs_plain"] == 1.0
+        assert "modelled_vs_best_fixed" in doc["modes"]["auto"]
+    assert "modelled_vs_best_fixed" in first["summary"]["median"]["auto"]
+    free, dear = run("0"), run("100")
+    suffix_free = free["documents"]["a.txt"]["modes"]["suffix"]
+    suffix_dear = dear["documents"]["a.txt"]["modes"]["suffix"]
+    passes = round(suffix_dear["new_tokens"] / suffix_dear["tokens_per_pass"])
+    assert suffix_dear["proposed"] <= passes
+    assert suffix_free["proposed"] > suffix_dear["proposed"]
