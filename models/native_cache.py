@@ -1,4 +1,4 @@
-"""The native step's repacked INT4 weights, cached next to the quantized model and memory-mapped on later starts.
+"""The native step's repacked INT4 weights, cached next to the quantized model and read back on later starts.
 
 Repacking an INT4 model for the CPU step (`kernels.native.pack_q4` / `pack_q8`) took seconds on every start;
 the result depends only on the quantized weights and the packing code, so it is kept in the AWQ folder as
@@ -21,11 +21,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..cache_files import file_sha256, save_safetensors_atomic, write_json_atomic
+from ..cache_files import save_safetensors_atomic, write_json_atomic
 
 log = logging.getLogger(__name__)
 
 FORMAT = "parley-native-pack-1"
+CHUNK = 16 << 20  # bytes read (and hashed) at a time
 
 
 class Stale(ValueError):
@@ -65,16 +66,18 @@ def _paths(folder: Path, key: str) -> tuple[Path, Path]:
 
 
 def load(folder: Path, key: str) -> dict[str, Tensor] | None:
-    """The packed tensors, memory-mapped (pages are read as the step touches them); None when there is no
-    complete, intact file for `key` (the caller then packs and `save`s)."""
+    """The packed tensors, read into one buffer as the file is hashed (a buffer torch allocates, so in
+    transparent huge pages where asked: a decode pass streams these, and a file mapping's 4 KB pages cost one
+    thread ~4% of its decode at 1B); None when there is no complete, intact file for `key` (the caller then
+    packs and `save`s)."""
     data, manifest = _paths(folder, key)
     try:
         meta = json.loads(manifest.read_text())
         if meta.get("format") != FORMAT or meta.get("key") != key:
             raise ValueError("its manifest is for another key")
-        if data.stat().st_size != meta["size"] or file_sha256(data) != meta["sha256"]:
-            raise ValueError("its size or sha256 differs from its manifest")
-        return _mmap_safetensors(data)
+        if data.stat().st_size != meta["size"]:
+            raise ValueError("its size differs from its manifest")
+        return _read_safetensors(data, meta["sha256"])
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -82,15 +85,29 @@ def load(folder: Path, key: str) -> dict[str, Tensor] | None:
         return None
 
 
-def _mmap_safetensors(path: Path) -> dict[str, Tensor]:
-    """A safetensors file's tensors as views of one read-only-in-practice mapping of the file (no copy)."""
+def _read_safetensors(path: Path, sha256: str) -> dict[str, Tensor]:
+    """A safetensors file's tensors as views of one buffer holding the file, read once and checked against
+    `sha256` on the way (ValueError when it differs)."""
     size = path.stat().st_size
+    if size < 8:
+        raise ValueError("truncated header")
+    buf = torch.empty(size, dtype=torch.uint8)
+    view, digest = memoryview(buf.numpy()), hashlib.sha256()
     with path.open("rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n > size - 8:
-            raise ValueError("truncated header")
-        header = json.loads(f.read(n))
-    storage = torch.UntypedStorage.from_file(str(path), shared=False, nbytes=size)
+        at = 0
+        while at < size:
+            n = f.readinto(view[at : at + CHUNK])
+            if not n:
+                raise ValueError("the file is shorter than it was a moment ago")
+            digest.update(view[at : at + n])
+            at += n
+    if digest.hexdigest() != sha256:
+        raise ValueError("its sha256 differs from its manifest")
+    (n,) = struct.unpack("<Q", bytes(view[:8]))
+    if n > size - 8:
+        raise ValueError("truncated header")
+    header = json.loads(bytes(view[8 : 8 + n]))
+    storage = buf.untyped_storage()
     base = 8 + n
     out: dict[str, Tensor] = {}
     for name, info in header.items():

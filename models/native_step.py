@@ -67,7 +67,7 @@ class NativeStep:
         """The native step over `model`'s weights; NativeUnavailable says why it cannot be had.
 
         `packed_dir`: the AWQ folder the model was loaded from; its repacked weights are read from there
-        (memory-mapped) when cached, else packed and cached there (models/native_cache.py).
+        (read into memory) when cached, else packed and cached there (models/native_cache.py).
         `head_gram`: the Gram matrix of the head's inputs, called only when a 4-bit head is packed: the head is
         then rounded by GPTQ (models/quantize/head4.py), else to nearest.
         """

@@ -509,6 +509,10 @@ MUTANTS: list[Mutant] = [
            "            slot.drafters.clear()\n",
            "",
            ("tests/test_reset_cache_forgets_the_drafters_indexes.py",)),
+    Mutant("no-huge-pages-asked", "__init__.py",
+           '_os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")\n',
+           "",
+           ("tests/test_importing_parley_asks_for_huge_pages.py",)),
 ]
 
 
