@@ -17,8 +17,12 @@ import json, os
 import parley.app.cli
 import torch
 t = torch.ones(64 << 20, dtype=torch.uint8)
-rollup = dict(line.split(":", 1) for line in open("/proc/self/smaps_rollup").read().splitlines()[1:])
-print(json.dumps({"env": os.environ.get("THP_MEM_ALLOC_ENABLE"), "huge_kb": int(rollup["AnonHugePages"].split()[0])}))
+try:
+    rollup = dict(line.split(":", 1) for line in open("/proc/self/smaps_rollup").read().splitlines()[1:])
+    huge_kb = int(rollup["AnonHugePages"].split()[0])
+except (OSError, KeyError, ValueError):  # no such file on this kernel: only the setting is checked
+    huge_kb = None
+print(json.dumps({"env": os.environ.get("THP_MEM_ALLOC_ENABLE"), "huge_kb": huge_kb}))
 """
 MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -42,12 +46,12 @@ def _kernel_mode() -> str | None:
 def test_importing_parley_asks_for_huge_pages() -> None:
     got = _probe({})
     assert got["env"] == "1", got
-    if _kernel_mode() in ("madvise", "always"):
+    if _kernel_mode() in ("madvise", "always") and got["huge_kb"] is not None:
         assert got["huge_kb"] > 0, got
 
 
 def test_a_setting_the_user_made_stands() -> None:
     got = _probe({"THP_MEM_ALLOC_ENABLE": "0"})
     assert got["env"] == "0", got
-    if _kernel_mode() == "madvise":
+    if _kernel_mode() == "madvise" and got["huge_kb"] is not None:
         assert got["huge_kb"] == 0, got
