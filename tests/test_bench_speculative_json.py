@@ -122,3 +122,16 @@ def test_modelled_figures_follow_the_given_cost_and_repeat_exactly(monkeypatch, 
     passes = round(suffix_dear["new_tokens"] / suffix_dear["tokens_per_pass"])
     assert suffix_dear["proposed"] <= passes
     assert suffix_free["proposed"] > suffix_dear["proposed"]
+
+
+def test_modelled_through_the_command_a_user_types(monkeypatch, capsys, tmp_path):
+    """`parley bench speculative --documents DIR --modelled 0.2 --json`, through the CLI's own parser."""
+    from parley.app import cli
+
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *a, **kw: tiny_engine(seed=3)))
+    (tmp_path / "a.txt").write_text("The quick brown fox jumps over the lazy dog.\n" * 40)
+    assert cli.main(["bench", "speculative", "--documents", str(tmp_path), "--prompt-budget", "300",
+                     "--new-tokens", "8", "--draft-tokens", "4", "--peer", "none", "--modelled", "0.2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["documents"]["a.txt"]["modes"]["plain"]["modelled_vs_plain"] == 1.0
+    assert "modelled_vs_best_fixed" in out["summary"]["median"]["auto"]
