@@ -21,7 +21,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from ..engine.speculation_pay import PassCost
+from ..engine.speculation_pay import ModelledPassCost
 from .harness import add_json_argument, emit, median, median_run, peer_env
 
 CHAT_PROMPT = "Give me three tips for keeping a sourdough starter healthy, with a sentence on why each works."
@@ -65,20 +65,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "of the measured one, so at temperature 0 every run gives the same (e.g. 0.19: one more "
                         "row at ~1,400 tokens of context on a 2-core CPU). For comparing drafting policies")
     add_json_argument(p)
-
-
-class ModelledPassCost(PassCost):
-    """A pass of T rows costs 1 + per_row x (T - 1) one-row passes whatever the clock says (`--modelled`)."""
-
-    def __init__(self, per_row: float) -> None:
-        super().__init__()
-        self.per_row = per_row
-
-    def add(self, tokens: int, seconds: float) -> None:
-        pass
-
-    def ratio(self, tokens: int) -> float:
-        return 1 + self.per_row * (tokens - 1)
 
 
 def document() -> str:

@@ -15,7 +15,7 @@ from .kv_pool import KVPool, default_slots, parse_slots
 from .protocol import Capabilities
 from .scheduler import Scheduler
 from .session import Session
-from .speculation_pay import PassCost
+from .speculation_pay import pass_cost_from_env
 from .speculative import Drafter, PromptLookup, SuffixMatch
 from .threads import shared_tuner
 
@@ -76,7 +76,7 @@ class Engine:
         # several candidates per pass where the target runs tree passes: up to 3 per node, 2 nodes per token of
         # depth, down to a running probability of 0.1 (the pass-cost model then keeps those that pay)
         self.suffix_tree = SuffixMatch(width=3, nodes=2.0, min_score=0.1)
-        self.pass_cost = PassCost()  # what a pass costs by its rows, measured as replies run
+        self.pass_cost = pass_cost_from_env()  # what a pass costs by its rows, measured as replies run
         self.draft = draft
 
     def _new_slot(self) -> CachedModel:

@@ -13,6 +13,7 @@ many tokens a pass verifies, never which tokens are emitted.
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from itertools import combinations
 from statistics import median
@@ -98,6 +99,40 @@ class PassCost:
             return PRIOR_SLOPE
         slope = self._slope(base)
         return (slope if slope is not None else PRIOR_SLOPE * base) / base
+
+
+class ModelledPassCost(PassCost):
+    """A pass of T rows costs 1 + per_row x (T - 1) one-row passes whatever the clock says: speculation that
+    verifies the same guesses on any machine, under any load (`PARLEY_ROW_COST`, `bench speculative
+    --modelled`), so a run can be repeated token for token and pass for pass."""
+
+    def __init__(self, per_row: float) -> None:
+        super().__init__()
+        self.per_row = per_row
+
+    def add(self, tokens: int, seconds: float) -> None:
+        pass
+
+    def ratio(self, tokens: int) -> float:
+        return 1 + self.per_row * (tokens - 1)
+
+
+ROW_COST_ENV = "PARLEY_ROW_COST"
+
+
+def pass_cost_from_env() -> PassCost:
+    """`PassCost()` (measured as replies run), or the fixed model `PARLEY_ROW_COST` asks for."""
+    value = os.environ.get(ROW_COST_ENV, "").strip()
+    if not value:
+        return PassCost()
+    try:
+        per_row = float(value)
+    except ValueError:
+        per_row = -1.0
+    if not 0 <= per_row < float("inf"):
+        raise ValueError(f"{ROW_COST_ENV}={value!r}: expected the cost of one more verified token in one-token "
+                         "passes, a number >= 0 such as 0.2; unset it to measure the cost as replies run")
+    return ModelledPassCost(per_row)
 
 
 class PayCheck:

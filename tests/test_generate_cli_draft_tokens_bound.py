@@ -1,6 +1,10 @@
 """End to end through the command a user types, on the default INT4 engine: `parley generate --draft-tokens N`
 bounds the guesses a round verifies (at most N + 1 tokens a pass) without changing a token of the text, and
-the flag left out means the engine's default bound (the CLI's and `GenerationParams`' defaults are one)."""
+the flag left out means the engine's default bound (the CLI's and `GenerationParams`' defaults are one).
+
+How many guesses a pass verifies also follows the measured pass cost, which a busy machine moves: the replies
+here price each extra row at a fixed 0.19 one-row passes (`PARLEY_ROW_COST`, the 2-core CPU's measured slope at
+this context), so the passes they count are the same on any machine under any load."""
 
 import json
 import os
@@ -29,7 +33,8 @@ def generate(int4: str, prompt: str, *flags: str) -> tuple[str, dict]:
     out = subprocess.run(
         [sys.executable, "-m", "parley.app.cli", "generate", "--model", int4, "--temperature", "0",
          "--max-new-tokens", "64", "--stats", *flags, prompt],
-        capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600,
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PARLEY_ROW_COST": "0.19"},
     )
     assert out.returncode == 0, out.stderr
     return out.stdout, json.loads(out.stderr.strip().splitlines()[-1])
