@@ -175,6 +175,10 @@ static int forward_pass(const Model* md, int nseq, const Cache* const* caches, c
         // Rows normed together: 8 (rmsnorm_rows' vector path), but a short pass's rows split over the threads
         // (8 rows on one thread leave the others waiting at every norm's barrier); the same bits either way.
         const int nrn = std::min(8, std::max(1, (M + omp_get_num_threads() - 1) / omp_get_num_threads()));
+        // A pass of fewer positions than threads (a decode step) splits each position's rotary and MLP activation
+        // over the threads (by heads, by ranges of blocks), which else leave all but one thread at the barrier;
+        // every value is computed as it is whole, so the bits are the same.
+        const int nsplit = M < omp_get_num_threads() ? omp_get_num_threads() : 1;
         const Layer* L = md->layers + l;
 #pragma omp for schedule(static) PARLEY_NOWAIT
         for (int m0 = 0; m0 < M; m0 += nrn) {  // (the previous layer's residual) + norm + activation quantization
@@ -189,20 +193,25 @@ static int forward_pass(const Model* md, int nseq, const Cache* const* caches, c
         linear(&L->qkv, M, xn, &a, qkv);
         prof_phase(PH_QKV);
 #pragma omp for schedule(static) PARLEY_NOWAIT
-        for (int m = 0; m < M; m++) {  // q/k norm (qwen3), rotary, then the new K/V into the cache
+        for (int u = 0; u < M * nsplit; u++) {  // q/k norm (qwen3), rotary, then the new K/V into the cache
+            const int m = u / nsplit, g = u % nsplit;  // position m's heads, share g of nsplit (head by head)
             float* row = qkv + (size_t)m * QKV;
             const int p = (int)positions[m];
             const float* cs = (L->rope_cos ? L->rope_cos : md->rope_cos) + (size_t)p * (D / 2);
             const float* sn = (L->rope_sin ? L->rope_sin : md->rope_sin) + (size_t)p * (D / 2);
-            for (int h = 0; h < H + KVH; h++) {
-                float* v = row + h * D;
-                if (L->q_norm) rmsnorm_row(v, h < H ? L->q_norm : L->k_norm, v, D, md->eps);
-                rope_row(v, D, cs, sn);
+            const int q0 = H * g / nsplit, q1 = H * (g + 1) / nsplit, k0 = KVH * g / nsplit, k1 = KVH * (g + 1) / nsplit;
+            for (int h = q0; h < q1; h++) {
+                if (L->q_norm) rmsnorm_row(row + h * D, L->q_norm, row + h * D, D, md->eps);
+                rope_row(row + h * D, D, cs, sn);
             }
             const Seg& sg = segs[seq_of[m]];
             const int slot = sg.tree ? sg.tree->base + (m - sg.m0) : p;
-            for (int h = 0; h < KVH; h++)
-                kv_write(sg.c, sg.c->layers + l, h, slot, D, row + (H + h) * D, row + (H + KVH + h) * D);
+            for (int h = k0; h < k1; h++) {
+                float* k = row + (H + h) * D;
+                if (L->q_norm) rmsnorm_row(k, L->k_norm, k, D, md->eps);  // q and k norms come together
+                rope_row(k, D, cs, sn);
+                kv_write(sg.c, sg.c->layers + l, h, slot, D, k, row + (H + KVH + h) * D);
+            }
         }
         prof_phase(PH_ROPE);
         attend_blocks(segs, nseq, items, l, positions, H, KVH, D, L->window, qkv, QKV, scale, nblk, parts, att_scores);
@@ -229,14 +238,23 @@ static int forward_pass(const Model* md, int nseq, const Cache* const* caches, c
         prof_phase(PH_NORM2);
         linear(&L->gate_up, M, xn, &a, gu);
         prof_phase(PH_GATE_UP);
+        // SiLU(gate) * up (or GeGLU), undoing the 16-column interleave, the down projection's rotation, then
+        // quantized: position m's row in nsplit ranges of whole units (Hadamard and activation blocks)
+        const int unit = std::max(64, L->down_diag ? L->down_block : 64), units = I % unit ? 0 : I / unit;
+        const int ns = units >= nsplit ? nsplit : 1;
 #pragma omp for schedule(static) PARLEY_NOWAIT
-        for (int m = 0; m < M; m++) {  // SiLU(gate) * up (or GeGLU), undoing the 16-column interleave, then quantized
+        for (int u = 0; u < M * ns; u++) {
+            const int m = u / ns, g = u % ns;
+            const int j0 = ns > 1 ? units * g / ns * unit : 0, j1 = ns > 1 ? units * (g + 1) / ns * unit : I;
             const bool split = split_gate_up(&L->gate_up);
-            if (md->act == 1) gelu_mul_row(gu + (size_t)m * 2 * I, I, xn + (size_t)m * I, split);
-            else silu_mul_row(gu + (size_t)m * 2 * I, I, xn + (size_t)m * I, split);
-            if (L->down_diag) hadamard_row(xn + (size_t)m * I, I, L->down_diag, L->down_block);
-            if (quantized(&L->down))
-                quantize_row(xn + (size_t)m * I, I, lin_block(&L->down), &a, m);
+            float* h = xn + (size_t)m * I;
+            if (md->act == 1) gelu_mul_row(gu + (size_t)m * 2 * I, I, h, split, j0, j1);
+            else silu_mul_row(gu + (size_t)m * 2 * I, I, h, split, j0, j1);
+            if (L->down_diag) hadamard_row(h + j0, j1 - j0, L->down_diag + j0, L->down_block);
+            if (quantized(&L->down)) {
+                const int bs = lin_block(&L->down);
+                quantize_row(h, I, bs, &a, m, j0 / bs, j1 / bs);
+            }
         }
         prof_phase(PH_SILU);
         linear(&L->down, M, xn, &a, tmp);

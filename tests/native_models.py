@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from parley.models.config import ModelConfig
+from parley.models.quantize import hadamard
 from parley.models.quantize.int4_linear import Int4Linear, decoder_linears
 from parley.models.transformer import Transformer
 
@@ -26,6 +28,18 @@ def small_model(int4: bool, seed: int = 0, arch: str = "llama", norms: bool = Fa
         for parent, name, lin in decoder_linears(model):
             setattr(parent, name, Int4Linear.from_linear(lin, 64))
     return model
+
+
+def rotate_fp(model: Transformer, block: int, seed: int) -> None:
+    """Install the down projection's rotation on an fp model, its down_proj weights rotated to match."""
+    inter, rotated = model.config.intermediate_size, {}
+    d = hadamard.rotation_diag(inter, block, seed)
+    for i, layer in enumerate(model.layers):
+        down = layer.mlp.down_proj
+        lin = nn.Linear(down.in_features, down.out_features, bias=False)
+        lin.weight.data = hadamard.rotate_weight(down.weight.data, d, block).float()
+        rotated[i] = lin
+    hadamard.install(model, rotated, d, block)
 
 
 def logits_in_chunks(model: Transformer, ids: list[int], chunks: list[int], kind: str, step=None) -> torch.Tensor:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from native_models import logits_in_chunks, small_model
-from torch import nn
+from native_models import logits_in_chunks, rotate_fp, small_model
 
 from parley.models import native_forward
 from parley.models.native_step import NativeStep
@@ -62,18 +61,6 @@ def test_rotated_weight_times_rotated_input_is_the_plain_product():
     rotated = hadamard.rotate_input(x, d.double(), 64)
     torch.testing.assert_close(rotated.norm(dim=-1), x.norm(dim=-1), msg="seed 3")  # orthogonal
     assert not torch.allclose(rotated, x)
-
-
-def rotate_fp(model, block: int, seed: int) -> None:
-    """Install the rotation on an fp model, its down_proj weights rotated to match."""
-    inter, rotated = model.config.intermediate_size, {}
-    d = hadamard.rotation_diag(inter, block, seed)
-    for i, layer in enumerate(model.layers):
-        down = layer.mlp.down_proj
-        lin = nn.Linear(down.in_features, down.out_features, bias=False)
-        lin.weight.data = hadamard.rotate_weight(down.weight.data, d, block).float()
-        rotated[i] = lin
-    hadamard.install(model, rotated, d, block)
 
 
 @pytest.mark.parametrize("block", [16, 256])

@@ -60,12 +60,15 @@ static inline bool quantized(const Lin* L) { return L->kind == 0 /* W_Q4 */ || L
 // the INT4 packer interleaves them by 16 columns.
 static inline bool split_gate_up(const Lin* L) { return !quantized(L); }
 
-static void quantize_row(const float* x, int K, int bs, const Act* a, int m) {
+// Blocks b0 .. b1 - 1 of the row (all of them by default): each block's values are its own, so a row split
+// into ranges of blocks over the threads quantizes to the same bits.
+static void quantize_row(const float* x, int K, int bs, const Act* a, int m, int b0 = 0, int b1 = -1) {
     const int nv = bs / 16;
     int8_t* q = a->q + (size_t)m * K;
     float* d = a->d + (size_t)m * (K / bs);
     int32_t* xs = a->xs + (size_t)m * (K / bs);
-    for (int b = 0; b < K / bs; b++) {
+    if (b1 < 0) b1 = K / bs;
+    for (int b = b0; b < b1; b++) {
         const float* xb = x + b * bs;
 #if PARLEY_VNNI  // the same values as the loop below: max and integer sums are exact, x * inv rounds to even
         __m512 xv[4];

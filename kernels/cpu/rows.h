@@ -5,80 +5,70 @@
 #pragma once
 #include "simd.h"
 
-static void rmsnorm_row(const float* x, const float* w, float* out, int n, float eps) {
-    double ss = 0.0;  // a fixed serial order: the same for every row and every pass
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float r = 1.0f / std::sqrt((float)(ss / n) + eps);
-    for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
+// Sum of squares in one fixed order, the same for every row and every pass: 8 lanes, lane j the serial double sum
+// of x[i]^2 over i = j mod 8 (each square rounded, then added: no fused multiply-add), the lanes then added as
+// ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)). Why lanes and not one serial sum: a decode pass norms one row, and one
+// chain of n dependent adds (~4 us at n = 4096) held the other threads at the norm's barrier twice a layer.
+static inline double lanes_sum(const double* l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
+
+// The lanes of rows r0..r0+nr-1 (nr <= 8) of n, advancing side by side; each row's own lanes in ss[r][0..7].
+static void square_lanes(const float* x, int nr, int n, double (*ss)[8]) {
+    const int nv = n / 8 * 8;
+#if PARLEY_VNNI
+    __m512d acc[8];
+    for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_pd();
+    for (int i = 0; i < nv; i += 8)
+        for (int r = 0; r < nr; r++) {
+            const __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(x + (size_t)r * n + i));
+            acc[r] = _mm512_add_pd(acc[r], _mm512_mul_pd(v, v));
+        }
+    for (int r = 0; r < nr; r++) _mm512_storeu_pd(ss[r], acc[r]);
+#elif PARLEY_AVX2
+    __m256d acc[8][2];
+    for (int r = 0; r < nr; r++) acc[r][0] = acc[r][1] = _mm256_setzero_pd();
+    for (int i = 0; i < nv; i += 8)
+        for (int r = 0; r < nr; r++)
+            for (int h = 0; h < 2; h++) {
+                const __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(x + (size_t)r * n + i + 4 * h));
+                acc[r][h] = _mm256_add_pd(acc[r][h], _mm256_mul_pd(v, v));
+            }
+    for (int r = 0; r < nr; r++) _mm256_storeu_pd(ss[r], acc[r][0]), _mm256_storeu_pd(ss[r] + 4, acc[r][1]);
+#else
+    for (int r = 0; r < nr; r++)
+        for (int j = 0; j < 8; j++) ss[r][j] = 0.0;
+    for (int i = 0; i < nv; i++)
+        for (int r = 0; r < nr; r++) {
+            const double v = x[(size_t)r * n + i];
+            ss[r][i % 8] += v * v;
+        }
+#endif
+    for (int i = nv; i < n; i++)  // a ragged end: the same lanes, still in order
+        for (int r = 0; r < nr; r++) {
+            const double v = x[(size_t)r * n + i];
+            ss[r][i % 8] += v * v;
+        }
 }
 
-// rmsnorm_row of up to 8 consecutive rows of n (x and out row r at r * n; out may be x), bit for bit: each row's
-// sum of squares is the same serial double sum, but the rows' sums advance side by side (AVX-512: lane r of one
-// vector is row r's sum, 8 inputs of 8 rows transposed per step), so a long pass waits on one chain of n dependent
-// adds per 8 rows instead of per row.
+// RMSNorm of up to 8 consecutive rows of n (x and out row r at r * n; out may be x); each row's bits do not depend
+// on how many rows are normed together.
 static void rmsnorm_rows(const float* x, const float* w, float* out, int nr, int n, float eps) {
-    double ss[8] = {};
-#if PARLEY_VNNI
-    if (nr == 8 && n % 8 == 0) {
-        __m512d acc = _mm512_setzero_pd();
-        for (int i = 0; i < n; i += 8) {
-            __m512d r[8], t[8], u[8];
-            for (int k = 0; k < 8; k++) r[k] = _mm512_cvtps_pd(_mm256_loadu_ps(x + (size_t)k * n + i));
-            for (int k = 0; k < 8; k += 2) {
-                t[k] = _mm512_unpacklo_pd(r[k], r[k + 1]);
-                t[k + 1] = _mm512_unpackhi_pd(r[k], r[k + 1]);
-            }
-            for (int k = 0; k < 8; k += 4) {  // u[k..k+3]: inputs {0, 4}, {2, 6}, {1, 5}, {3, 7} of rows k..k+3
-                u[k] = _mm512_shuffle_f64x2(t[k], t[k + 2], 0x88);
-                u[k + 1] = _mm512_shuffle_f64x2(t[k], t[k + 2], 0xdd);
-                u[k + 2] = _mm512_shuffle_f64x2(t[k + 1], t[k + 3], 0x88);
-                u[k + 3] = _mm512_shuffle_f64x2(t[k + 1], t[k + 3], 0xdd);
-            }
-            const __m512d c[8] = {  // c[j] lane r: input i + j of row r
-                _mm512_shuffle_f64x2(u[0], u[4], 0x88), _mm512_shuffle_f64x2(u[2], u[6], 0x88),
-                _mm512_shuffle_f64x2(u[1], u[5], 0x88), _mm512_shuffle_f64x2(u[3], u[7], 0x88),
-                _mm512_shuffle_f64x2(u[0], u[4], 0xdd), _mm512_shuffle_f64x2(u[2], u[6], 0xdd),
-                _mm512_shuffle_f64x2(u[1], u[5], 0xdd), _mm512_shuffle_f64x2(u[3], u[7], 0xdd)};
-            for (int j = 0; j < 8; j++) acc = _mm512_add_pd(acc, _mm512_mul_pd(c[j], c[j]));
-        }
-        _mm512_storeu_pd(ss, acc);
-    } else
-#elif PARLEY_AVX2
-    if (nr >= 4 && n % 4 == 0) {
-        // groups of 4 rows, lane r of a double vector row r's sum (4 inputs of 4 rows transposed per step); two
-        // groups side by side when there are 8 rows; rows past the last group of 4 in the loop below
-        const int ng = nr / 4;
-        __m256d acc[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
-        for (int i = 0; i < n; i += 4)
-            for (int gi = 0; gi < ng; gi++) {
-                __m256d r[4];
-                for (int k = 0; k < 4; k++) r[k] = _mm256_cvtps_pd(_mm_loadu_ps(x + (size_t)(4 * gi + k) * n + i));
-                const __m256d t0 = _mm256_unpacklo_pd(r[0], r[1]), t1 = _mm256_unpackhi_pd(r[0], r[1]);
-                const __m256d t2 = _mm256_unpacklo_pd(r[2], r[3]), t3 = _mm256_unpackhi_pd(r[2], r[3]);
-                const __m256d c[4] = {_mm256_permute2f128_pd(t0, t2, 0x20), _mm256_permute2f128_pd(t1, t3, 0x20),
-                                      _mm256_permute2f128_pd(t0, t2, 0x31), _mm256_permute2f128_pd(t1, t3, 0x31)};
-                for (int j = 0; j < 4; j++) acc[gi] = _mm256_add_pd(acc[gi], _mm256_mul_pd(c[j], c[j]));
-            }
-        for (int gi = 0; gi < ng; gi++) _mm256_storeu_pd(ss + 4 * gi, acc[gi]);
-        for (int i = 0; i < n; i++)
-            for (int r = 4 * ng; r < nr; r++) ss[r] += (double)x[(size_t)r * n + i] * x[(size_t)r * n + i];
-    } else
-#endif
-    {
-        for (int i = 0; i < n; i++)
-            for (int r = 0; r < nr; r++) ss[r] += (double)x[(size_t)r * n + i] * x[(size_t)r * n + i];
-    }
+    double ss[8][8];
+    square_lanes(x, nr, n, ss);
     for (int r = 0; r < nr; r++) {
-        const float rr = 1.0f / std::sqrt((float)(ss[r] / n) + eps);
+        const float rr = 1.0f / std::sqrt((float)(lanes_sum(ss[r]) / n) + eps);
         for (int i = 0; i < n; i++) out[(size_t)r * n + i] = w[i] * (x[(size_t)r * n + i] * rr);
     }
 }
 
+static void rmsnorm_row(const float* x, const float* w, float* out, int n, float eps) { rmsnorm_rows(x, w, out, 1, n, eps); }
+
 // out[j] = silu(gate[j]) * up[j] from the gate/up product: interleaved by 16 columns, or (`split`) the gate's I
-// columns then the up's.
-static void silu_mul_row(const float* r, int I, float* out, bool split) {
+// columns then the up's. Columns j0 .. j1 - 1 only (multiples of 16; all of them by default): each column's value
+// is its own, so a row split into ranges over the threads gives the same bits.
+static void silu_mul_row(const float* r, int I, float* out, bool split, int j0 = 0, int j1 = -1) {
+    if (j1 < 0) j1 = I;
 #if PARLEY_VNNI
-    for (int b = 0; b < I / 16; b++) {
+    for (int b = j0 / 16; b < j1 / 16; b++) {
         const float* gp = split ? r + b * 16 : r + b * 32;
         const float* up = split ? r + I + b * 16 : r + b * 32 + 16;
         __m512 g = _mm512_loadu_ps(gp), u = _mm512_loadu_ps(up);
@@ -87,7 +77,7 @@ static void silu_mul_row(const float* r, int I, float* out, bool split) {
         _mm512_storeu_ps(out + b * 16, _mm512_mul_ps(sg, u));
     }
 #elif PARLEY_AVX2  // the same values, lane by lane
-    for (int b = 0; b < I / 16; b++)
+    for (int b = j0 / 16; b < j1 / 16; b++)
         for (int h = 0; h < 2; h++) {
             const float* gp = (split ? r + b * 16 : r + b * 32) + 8 * h;
             const float* up = (split ? r + I + b * 16 : r + b * 32 + 16) + 8 * h;
@@ -97,7 +87,7 @@ static void silu_mul_row(const float* r, int I, float* out, bool split) {
             _mm256_storeu_ps(out + b * 16 + 8 * h, _mm256_mul_ps(sg, u));
         }
 #else
-    for (int j = 0; j < I; j++) {
+    for (int j = j0; j < j1; j++) {
         const int blk = j / 16, off = j % 16;
         float g = split ? r[j] : r[blk * 32 + off], u = split ? r[I + j] : r[blk * 32 + 16 + off];
         float e = exp_scalar(std::fmin(-g, 87.0f));
@@ -107,8 +97,9 @@ static void silu_mul_row(const float* r, int I, float* out, bool split) {
 }
 
 // out[j] = gelu_tanh(gate[j]) * up[j] (Gemma's GeGLU), same layouts; PyTorch's tanh approximation.
-static void gelu_mul_row(const float* r, int I, float* out, bool split) {
-    for (int j = 0; j < I; j++) {
+static void gelu_mul_row(const float* r, int I, float* out, bool split, int j0 = 0, int j1 = -1) {
+    if (j1 < 0) j1 = I;
+    for (int j = j0; j < j1; j++) {
         const int blk = j / 16, off = j % 16;
         const float g = split ? r[j] : r[blk * 32 + off], u = split ? r[I + j] : r[blk * 32 + 16 + off];
         const float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);
