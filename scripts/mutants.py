@@ -57,8 +57,8 @@ MUTANTS: list[Mutant] = [
            "for (int b = 0; b < 1; b++) gmax = std::fmax(gmax,",
            ("tests/test_native_step_sharp_attention.py",)),
     Mutant("native-qwen3-k-with-q-norm", "models/native_forward.cpp",
-           "h < H ? L->q_norm : L->k_norm",
-           "h < H ? L->q_norm : L->q_norm",
+           "rmsnorm_row(k, L->k_norm, k, D, md->eps);",
+           "rmsnorm_row(k, L->q_norm, k, D, md->eps);",
            ("tests/test_native_step_matches_pytorch_every_arch.py",)),
     # -- sampling --
     Mutant("sampling-top-k-drops-ties", "engine/sampling.py",
@@ -215,8 +215,9 @@ MUTANTS: list[Mutant] = [
            "acc[c][r] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(b), _mm512_set1_ps(a->d[blk])), acc[c][r]);",
            ("tests/test_native_step_batch_invariance.py",)),
     Mutant("native-norm-of-8-rows-sums-in-float", "kernels/cpu/rows.h",
-           "acc = _mm512_add_pd(acc, _mm512_mul_pd(c[j], c[j]));",
-           "acc = _mm512_cvtps_pd(_mm512_cvtpd_ps(_mm512_add_pd(acc, _mm512_mul_pd(c[j], c[j]))));",
+           "            acc[r] = _mm512_add_pd(acc[r], _mm512_mul_pd(v, v));",
+           "            acc[r] = nr < 8 ? _mm512_add_pd(acc[r], _mm512_mul_pd(v, v))\n"
+           "                : _mm512_cvtps_pd(_mm512_cvtpd_ps(_mm512_add_pd(acc[r], _mm512_mul_pd(v, v))));",
            ("tests/test_native_step_batch_invariance.py",)),
     Mutant("native-shared-scores-first-sweeps-scales", "kernels/cpu/attention.h",
            "_mm512_set1_ps(qsc[k0 + u])",
@@ -342,8 +343,8 @@ MUTANTS: list[Mutant] = [
            ("tests/test_speculative_tree_output_law.py",)),
     # -- issue 21, fifth round: the online rotation before down_proj --
     Mutant("native-hadamard-half-block", "models/native_forward.cpp",
-           "hadamard_row(xn + (size_t)m * I, I, L->down_diag, L->down_block);",
-           "hadamard_row(xn + (size_t)m * I, I, L->down_diag, L->down_block / 2);",
+           "hadamard_row(h + j0, j1 - j0, L->down_diag + j0, L->down_block);",
+           "hadamard_row(h + j0, j1 - j0, L->down_diag + j0, L->down_block / 2);",
            ("tests/test_down_hadamard_rotation_is_exact.py",)),
     Mutant("hadamard-stale-file-trusted", "models/quantize/hadamard.py",
            'if meta.get("model_sha256") != _weights_sha256(folder):',
