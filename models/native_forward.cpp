@@ -172,8 +172,8 @@ static int forward_pass(const Model* md, int nseq, const Cache* const* caches, c
 #pragma omp parallel
     for (int l = 0; l < md->n_layers; l++) {
         if (l == 0) prof_start();
-        // Rows normed together: 8 (rmsnorm_rows' vector path), but a short pass's rows split over the threads
-        // (8 rows on one thread leave the others waiting at every norm's barrier); the same bits either way.
+        // Rows normed together: up to 8 (rmsnorm_rows advances them side by side), but a short pass's rows split over
+        // the threads (8 rows on one thread leave the others waiting at every norm's barrier); the same bits either way.
         const int nrn = std::min(8, std::max(1, (M + omp_get_num_threads() - 1) / omp_get_num_threads()));
         // A pass of fewer positions than threads (a decode step) splits each position's rotary and MLP activation
         // over the threads (by heads, by ranges of blocks), which else leave all but one thread at the barrier;
@@ -199,7 +199,8 @@ static int forward_pass(const Model* md, int nseq, const Cache* const* caches, c
             const int p = (int)positions[m];
             const float* cs = (L->rope_cos ? L->rope_cos : md->rope_cos) + (size_t)p * (D / 2);
             const float* sn = (L->rope_sin ? L->rope_sin : md->rope_sin) + (size_t)p * (D / 2);
-            const int q0 = H * g / nsplit, q1 = H * (g + 1) / nsplit, k0 = KVH * g / nsplit, k1 = KVH * (g + 1) / nsplit;
+            const int q0 = H * g / nsplit, q1 = H * (g + 1) / nsplit;
+            const int k0 = KVH * g / nsplit, k1 = KVH * (g + 1) / nsplit;
             for (int h = q0; h < q1; h++) {
                 if (L->q_norm) rmsnorm_row(row + h * D, L->q_norm, row + h * D, D, md->eps);
                 rope_row(row + h * D, D, cs, sn);

@@ -9,7 +9,9 @@
 // of x[i]^2 over i = j mod 8 (each square rounded, then added: no fused multiply-add), the lanes then added as
 // ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)). Why lanes and not one serial sum: a decode pass norms one row, and one
 // chain of n dependent adds (~4 us at n = 4096) held the other threads at the norm's barrier twice a layer.
-static inline double lanes_sum(const double* l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
+static inline double lanes_sum(const double* l) {
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
 
 // The lanes of rows r0..r0+nr-1 (nr <= 8) of n, advancing side by side; each row's own lanes in ss[r][0..7].
 static void square_lanes(const float* x, int nr, int n, double (*ss)[8]) {
@@ -60,7 +62,9 @@ static void rmsnorm_rows(const float* x, const float* w, float* out, int nr, int
     }
 }
 
-static void rmsnorm_row(const float* x, const float* w, float* out, int n, float eps) { rmsnorm_rows(x, w, out, 1, n, eps); }
+static void rmsnorm_row(const float* x, const float* w, float* out, int n, float eps) {
+    rmsnorm_rows(x, w, out, 1, n, eps);
+}
 
 // out[j] = silu(gate[j]) * up[j] from the gate/up product: interleaved by 16 columns, or (`split`) the gate's I
 // columns then the up's. Columns j0 .. j1 - 1 only (multiples of 16; all of them by default): each column's value
