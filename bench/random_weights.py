@@ -311,7 +311,7 @@ def random_engine(shape: str, quant: str, device: str | None, kv_cache: str = "a
     files = ModelFiles(ref=str(folder), kind="dir", path=folder)
     int4_dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32  # the embedding's and the norms'
     dtype = int4_dtype if quant == "awq" else weights_dtype(shape_config(shape), dev, str(folder), files)
-    model = load_model(files, dtype=dtype, device=dev)
+    model = load_model(files, dtype=dtype, device=dev, int4_on_use=native)
     step = prepare_for_device(model, native=native)
     return Engine(model, tokenizer, name=f"random-{shape}", quantization="rtn-int4" if quant == "awq" else "none",
                   context_window=4096, kv_cache=kv_cache, native=step)

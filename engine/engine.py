@@ -136,7 +136,8 @@ class Engine:
             config = load_config(files)
             if not config.quantization:  # an AWQ folder's linears are INT4 whatever dtype its other tensors get
                 dtype = weights_dtype(config, dev, str(files.path), files)
-        model = load_model(files, dtype=dtype, device=dev, progress=progress, name=name, gguf_int4=imported)
+        model = load_model(files, dtype=dtype, device=dev, progress=progress, name=name, gguf_int4=imported,
+                           int4_on_use=native)  # the native step runs its own copy (`Int4Linear.read_on_use`)
         if imported is not None:
             quantization = f"gguf-int4:{imported.words()}"
         if quantization == "none" and model.config.quantization:

@@ -410,7 +410,7 @@ def load_draft(spec: str, target: Transformer, target_files, tokenizer, *, progr
     else:
         files = resolve(spec, progress=progress)
         draft_tokenizer = load_tokenizer(files)
-    model = load_model(files, dtype=weight.dtype, device=weight.device)
+    model = load_model(files, dtype=weight.dtype, device=weight.device, int4_on_use=native)
     return DraftModel(model, draft_tokenizer, tokenizer, vocab_size=target.config.vocab_size, name=spec,
                       native=prepare_for_device(model, native=native, progress=progress,
                                                 packed_dir=files.path if files.kind == "dir" else None))

@@ -283,14 +283,21 @@ def quantize_q8_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
 def pack_q8(weight: Tensor) -> dict[str, Tensor]:
     """A dense [N, K] weight -> the int8 head's column-block layout: per 16 columns and 64 inputs, 16 vectors
     of 64 bytes, byte 4n + j of vector t = w[n][4t + j] + 128 (unsigned, for VNNI); N padded to 16."""
-    q, scale = quantize_q8_rows(weight)
-    N, K = q.shape
+    N, K = weight.shape
     if K % 64:
         raise ValueError(f"the native head needs a hidden size divisible by 64, not {K}")
     Np = (N + 15) // 16 * 16
-    u = (_pad_columns(q, Np).to(torch.int16) + 128).to(torch.uint8)     # [Np, K]
-    u = u.reshape(Np // 16, 16, K // 64, 16, 4).permute(0, 2, 3, 1, 4).contiguous()
+    u = torch.empty(Np // 16, K // 64, 16, 16, 4, dtype=torch.uint8)
+    scale = torch.empty(N, dtype=torch.float32)
+    for r0 in range(0, N, Q8_ROWS):  # rows a block at a time: an 8B head's fp32 temporaries are 2.1 GB each
+        q, scale[r0 : r0 + Q8_ROWS] = quantize_q8_rows(weight[r0 : r0 + Q8_ROWS])
+        n = (len(q) + 15) // 16 * 16
+        block = (_pad_columns(q, n).to(torch.int16) + 128).to(torch.uint8)  # [n, K]
+        u[r0 // 16 : (r0 + n) // 16] = block.reshape(n // 16, 16, K // 64, 16, 4).permute(0, 2, 3, 1, 4)
     return {"q": u, "s": scale}
+
+
+Q8_ROWS = 8192  # a multiple of 16: each block is whole column blocks of the layout
 
 
 def lin(kind: int, N: int, K: int, group: int = 0, q: Tensor | None = None, s: Tensor | None = None,

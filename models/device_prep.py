@@ -58,7 +58,7 @@ def prepare_for_device(model: Transformer, *, native: bool = True, packed_dir: P
                                         progress=progress, head_gram=gram)
         except NativeUnavailable as e:
             log.info("the native CPU step is off for this model (%s): the PyTorch path runs", e)
-    if int4 and type(model.lm_head) is nn.Linear:
+    if int4 and isinstance(model.lm_head, nn.Linear):  # an nn.Linear, or one read on use
         from .quantize.head import FastHead
 
         model.lm_head = FastHead(model.lm_head.weight)

@@ -11,7 +11,7 @@ model stores the resulting frequencies as `model.rotary_emb.inv_freq`, which tra
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,11 +42,14 @@ def load_config(files: ModelFiles) -> ModelConfig:
 
 def load_model(files: ModelFiles, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu", progress: ProgressFn | None = None,
-               name: str | None = None, gguf_int4: Imported | None = None) -> Transformer:
+               name: str | None = None, gguf_int4: Imported | None = None, int4_on_use: bool = False) -> Transformer:
     """The model in eval mode, its weights in `dtype` on `device` (INT4 scales stay fp16). `progress` hears
     once the config is valid (a damaged config is one error line, with no progress line before it).
     `gguf_int4` (GGUF only): the decoder's linears as INT4 from the file's own 4-bit blocks, not dequantized
-    (models/gguf_int4.py); what was imported how is tallied in it."""
+    (models/gguf_int4.py); what was imported how is tallied in it.
+    `int4_on_use` (an AWQ folder on the CPU): each INT4 linear's tensors are read from the checkpoint when first
+    used, not at load (`Int4Linear.read_on_use`): the native step, which runs a packed copy of its own, then
+    never holds them twice."""
     from .quantize.checkpoint import awq_group_size_of, is_awq
 
     def reading() -> None:
@@ -82,25 +85,45 @@ def load_model(files: ModelFiles, dtype: torch.dtype = torch.float32,
             "model (Parley quantizes it to AWQ itself) or an AWQ checkpoint"
         )
     reading()
-    weights = safetensors_weights(files.path, device)
+    lazy = int4_on_use and group_size is not None and torch.device(device).type == "cpu"
+    sources: dict[str, tuple[Path, str]] = {}
+    weights = safetensors_weights(files.path, device, sources if lazy else None)
     if config.norm_unit_offset:  # Gemma stores w for a gain of 1 + w; the model holds the gain
         weights = ((n, t.float() + 1 if is_norm_weight(n) else t) for n, t in weights)
     model = assemble(config, weights, dtype, device, str(files.path), group_size, check_values=not files.verified)
+    if sources:
+        _read_on_use(model, sources, str(files.path), dtype, check_values=not files.verified)
     if group_size is not None:  # Parley's own quantization keeps a rotated down_proj beside the standard one
         from .quantize import hadamard
 
-        hadamard.apply(model, Path(files.path))
+        hadamard.apply(model, Path(files.path), on_use=lazy)
     return model
 
 
-def safetensors_weights(path: Path, device: torch.device | str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
-    """(our name, tensor) for every tensor of every shard, read straight onto `device`."""
+_INT4_STORED = (".qweight", ".qzeros", ".scales", ".mins")
+_SAFETENSORS_DTYPES = {"I32": torch.int32, "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32,
+                       "I8": torch.int8, "U8": torch.uint8, "I16": torch.int16, "I64": torch.int64}
+
+
+def safetensors_weights(path: Path, device: torch.device | str = "cpu",
+                        on_use: dict[str, tuple[Path, str]] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(our name, tensor) for every tensor of every shard, read straight onto `device`. `on_use` given: INT4
+    linears' tensors and an untied output head are not read but yielded on the meta device (their stored shape
+    and dtype), and where to read each is put in `on_use` by name."""
     for name in weight_files(path):
         file = path / name
         try:
             with safe_open(file, framework="pt", device=str(device)) as f:
                 for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    yield key.removeprefix("model."), f.get_tensor(key)
+                    ours = key.removeprefix("model.")
+                    if on_use is not None and (ours.endswith(_INT4_STORED) or ours == "lm_head.weight"):
+                        stored = f.get_slice(key)
+                        dtype = _SAFETENSORS_DTYPES.get(stored.get_dtype())
+                        if dtype is not None:
+                            on_use[ours] = (file, key)
+                            yield ours, torch.empty(stored.get_shape(), dtype=dtype, device="meta")
+                            continue
+                    yield ours, f.get_tensor(key)
         except FileNotFoundError:
             raise ModelLoadError(f"{file}: missing; re-download the model") from None
         except Exception as e:  # SafetensorError: truncated header or data, bad JSON, wrong offsets
@@ -183,7 +206,7 @@ def assemble(config: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], d
         _check_values(name, tensor, source, check_values)
         if tensor.is_floating_point():  # INT4 scales stay fp16, as the kernels read them; packed ints as stored
             tensor = tensor.to(torch.float16 if name.endswith((".scales", ".mins")) else dtype)
-        placed[name] = tensor.to(device)
+        placed[name] = tensor if tensor.is_meta else tensor.to(device)  # meta: read on use
     if n_linears and len(linears) == n_linears:  # not one qweight: a full-precision model under an AWQ label
         raise ModelLoadError(f"{source}: config.json says AWQ (quantization_config) but the weights hold no "
                              "qweight; re-download the AWQ checkpoint, or delete quantization_config to load "
@@ -203,6 +226,44 @@ def assemble(config: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], d
     return model.eval()
 
 
+def _read_on_use(model: Transformer, sources: dict[str, tuple[Path, str]], source: str, dtype: torch.dtype,
+                 check_values: bool) -> None:
+    """Give each INT4 linear left on the meta device, and an untied head, a reader of its tensors
+    (models/read_on_use.py), which converts and checks them as `assemble` does what it reads."""
+    from .quantize.int4_linear import Int4Linear
+    from .read_on_use import HeadOnUse
+
+    def reader(prefix: str, parts: tuple[str, ...]) -> Callable[[], dict[str, torch.Tensor]]:
+        def read() -> dict[str, torch.Tensor]:
+            out = {}
+            for part in parts:
+                name = f"{prefix}.{part}"
+                if name not in sources:
+                    continue
+                file, key = sources[name]
+                try:
+                    with safe_open(file, framework="pt") as f:
+                        tensor = f.get_tensor(key)
+                except Exception as e:  # the file was replaced or damaged since the load
+                    raise ModelLoadError(f"{file}: {key} no longer reads ({e}); delete the folder and load the "
+                                         "model again") from None
+                _check_values(name, tensor, source, check_values)
+                if tensor.is_floating_point():
+                    tensor = tensor.to(torch.float16 if part in ("scales", "mins") else dtype)
+                out[part] = tensor
+            return out
+        return read
+
+    for prefix, module in model.named_modules():
+        if isinstance(module, Int4Linear) and f"{prefix}.qweight" in sources:
+            module.read_on_use(reader(prefix, Int4Linear.ON_USE))
+    if "lm_head.weight" in sources:
+        held = model.lm_head.weight
+        head = HeadOnUse(held.shape[1], held.shape[0], bias=False, device="meta", dtype=held.dtype)
+        head.read_on_use(reader("lm_head", HeadOnUse.ON_USE))
+        model.lm_head = head
+
+
 def _check_values(name: str, tensor: torch.Tensor, source: str, finite: bool = True) -> None:
     """Packed INT4 tensors are int32, everything else floating point and finite: a damaged file fails here,
     by name, not as NaN logits ("the model produced no text") later."""
@@ -211,7 +272,7 @@ def _check_values(name: str, tensor: torch.Tensor, source: str, finite: bool = T
         expected = "int32 (packed INT4)" if packed else "floating point"
         raise ModelLoadError(f"{source}: tensor {name} is stored as {str(tensor.dtype).removeprefix('torch.')}, "
                              f"expected {expected}; the file is damaged or not this model's, re-download it")
-    if finite and not packed and not bool(torch.isfinite(tensor).all()):
+    if finite and not packed and not tensor.is_meta and not bool(torch.isfinite(tensor).all()):
         raise ModelLoadError(f"{source}: tensor {name} holds NaN or infinite values; the file is damaged, "
                              "re-download the model")
 

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 def _q4_parts(m: Int4Linear) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """q, zeros, scales [.., N] in natural column order, and the minimums (zero where it has none)."""
-    mins = m.mins if m.mins is not None else torch.zeros_like(m.scales)
+    mins = m.mins if m.has_mins else torch.zeros_like(m.scales)
     return (*native.awq_to_q4(m.qweight, m.qzeros, m.scales), mins)
 
 
@@ -137,7 +137,8 @@ class NativeStep:
         if progress is not None and packed is None and time.monotonic() - started > 0.5:  # the line's last figure
             progress(Progress("load", c.n_layers, c.n_layers, "layer", "preparing the CPU step: done"))
         self.layers = layers
-        head_w = model.embed_tokens.weight if c.tie_embeddings else model.lm_head.weight
+        head_module = model.embed_tokens if c.tie_embeddings else model.lm_head
+        head_w = head_module._parameters.get("weight")  # as held: a cached layout never reads one held on meta
         if not isinstance(head_w, Tensor) or head_w.dtype != torch.float32 and (head_bits != 32 or
                                                                                head_w.dtype != torch.bfloat16):
             raise ValueError("the native step needs the output head as an fp32 weight (or bf16, unquantized)")
@@ -145,7 +146,7 @@ class NativeStep:
             if c.dim % 64:
                 raise ValueError(f"the native head needs a hidden size divisible by 64, not {c.dim}")
             Np = (c.vocab_size + 15) // 16 * 16
-            h = self._packed("head", lambda: native.pack_q8(head_w),
+            h = self._packed("head", lambda: native.pack_q8(self._read_head(head_module)),
                              {"q": ((Np // 16, c.dim // 64, 16, 16, 4), torch.uint8),
                               "s": ((c.vocab_size,), torch.float32)})
             head = native.lin(native.W_Q8, c.vocab_size, c.dim, 0, q=self._keep(h["q"]), s=self._keep(h["s"]))
@@ -153,12 +154,13 @@ class NativeStep:
             if c.dim % 64:
                 raise ValueError(f"the native head needs a hidden size divisible by 64, not {c.dim}")
             Np, G = (c.vocab_size + 15) // 16 * 16, c.dim // HEAD_GROUP
-            h = self._packed("head", lambda: self._q4_head(head_w, head_gram, progress),
+            h = self._packed("head", lambda: self._q4_head(self._read_head(head_module), head_gram, progress),
                              {"q": ((Np // 16, c.dim // 64, 8, 16, 4), torch.uint8),
                               "s16": ((Np // 16, G, 16), torch.int16), "z": ((Np // 16, G, 16), torch.uint8)})
             head = native.lin(native.W_Q4, c.vocab_size, c.dim, HEAD_GROUP, q=self._keep(h["q"]),
                               s16=self._keep(h["s16"]), z=self._keep(h["z"]))
         else:  # unquantized: the weight as held, fp32 or bf16
+            head_w = head_module.weight
             kind = native.W_BF16 if head_w.dtype == torch.bfloat16 else native.W_F32
             head = native.lin(kind, c.vocab_size, c.dim, w=self._keep(head_w.detach().contiguous()))
         self.head_bits = head_bits
@@ -185,6 +187,15 @@ class NativeStep:
         self.md.embed_scale = float(torch.tensor(c.dim ** 0.5, dtype=torch.float32)) if c.embed_scale else 0.0
         self.md.attn_scale = c.query_scale
         self.md.act = 1 if c.mlp_act == "gelu_tanh" else 0
+
+    @staticmethod
+    def _read_head(module: nn.Module) -> Tensor:
+        """The head's weight for packing; a head read on use (models/read_on_use.py) lets go of it again after."""
+        weight = module.weight
+        release = getattr(module, "release", None)
+        if release is not None:
+            release()
+        return weight
 
     @staticmethod
     def _q4_head(weight: Tensor, gram: Callable[[], Tensor] | None = None,
@@ -247,10 +258,12 @@ class NativeStep:
                 raise ValueError("fused INT4 linears must share a group size")
             group = groups.pop()
             K, N = mods[0].in_features, sum(m.out_features for m in mods)
-            with_mins = any(m.mins is not None for m in mods)  # GGUF's Q4_1/Q4_K; zeros for the others
+            with_mins = any(m.has_mins for m in mods)  # GGUF's Q4_1/Q4_K; zeros for the others
 
             def pack() -> dict[str, Tensor]:
                 parts = [_q4_parts(m) for m in mods]
+                for m in mods:  # the packed copy is what runs: a module that can read its weights again lets go
+                    m.release()
                 if interleave:
                     q, z, s, mn = (_interleave16(parts[0][j], parts[1][j], 1) for j in range(4))
                 else:

@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -103,9 +104,10 @@ def _weights_sha256(folder: Path) -> str:
 
 
 @torch.no_grad()
-def apply(model: nn.Module, folder: Path) -> bool:
+def apply(model: nn.Module, folder: Path, on_use: bool = False) -> bool:
     """Swap in the rotated down_proj of `folder`'s FILE when there is one that belongs with its weights;
-    whether it was. A damaged file is a ModelLoadError naming it; one for other weights is skipped."""
+    whether it was. A damaged file is a ModelLoadError naming it; one for other weights is skipped.
+    `on_use` (a CPU model whose INT4 linears are read on use, models/loading.py): the rotated linears are too."""
     path = folder / FILE
     if not path.is_file() or os.environ.get(DISABLE_ENV, "1") == "0":
         return False
@@ -122,7 +124,9 @@ def apply(model: nn.Module, folder: Path) -> bool:
             block = int(meta.get("block", "0"))
             if block < 2 or block & (block - 1) or config.intermediate_size % block:
                 raise ValueError(f"block {block} is not a power of two dividing {config.intermediate_size}")
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+            diag = f.get_tensor("down_diag") if "down_diag" in f.keys() else None  # noqa: SIM118
+            stored = {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype())
+                      for k in f.keys() if k != "down_diag"}  # noqa: SIM118 (safe_open is not a dict)
     except FileNotFoundError:
         return False
     except ModelLoadError:
@@ -130,10 +134,10 @@ def apply(model: nn.Module, folder: Path) -> bool:
     except Exception as e:  # SafetensorError, a bad header or metadata
         raise ModelLoadError(f"{path}: not a valid rotated down_proj file ({e}); delete it (the model then "
                              "runs its standard down_proj) or re-quantize with `parley quantize --rebuild`") from None
-    diag = tensors.pop("down_diag", None)
     if diag is None or tuple(diag.shape) != (config.intermediate_size,) or not bool(torch.isfinite(diag).all()):
         raise ModelLoadError(f"{path}: down_diag missing or not [{config.intermediate_size}] finite values; "
                              "re-quantize with `parley quantize --rebuild`")
+    device = model.norm.weight.device
     swaps: list[Int4Linear] = []
     for i, layer in enumerate(model.layers):
         old = layer.mlp.down_proj
@@ -141,19 +145,45 @@ def apply(model: nn.Module, folder: Path) -> bool:
             raise ModelLoadError(f"{path}: layer {i}'s down_proj is not INT4 in the folder; re-quantize it")
         new = Int4Linear(old.in_features, old.out_features, old.group_size, device="meta")  # filled below
         for k, t in new.state_dict().items():
-            got = tensors.pop(f"layers.{i}.mlp.down_proj.{k}", None)
-            if got is None or got.shape != t.shape or got.dtype != t.dtype:
+            shape, dtype = stored.pop(f"layers.{i}.mlp.down_proj.{k}", ((), ""))
+            if shape != tuple(t.shape) or dtype != _STORED_DTYPE[t.dtype]:
                 raise ModelLoadError(f"{path}: layers.{i}.mlp.down_proj.{k} missing or not {tuple(t.shape)} "
                                      f"{t.dtype}; re-quantize with `parley quantize --rebuild`")
+        read = _rotated_reader(path, i, new)
+        if on_use and device.type == "cpu":
+            new.read_on_use(read)
+        else:
+            for k, got in read().items():
+                setattr(new, k, got.to(device))
+        swaps.append(new)
+    if stored:
+        raise ModelLoadError(f"{path}: unexpected tensors, e.g. {next(iter(stored))!r}; re-quantize it")
+    install(model, dict(enumerate(swaps)), diag, block)
+    return True
+
+
+_STORED_DTYPE = {torch.int32: "I32", torch.float16: "F16"}
+
+
+def _rotated_reader(path: Path, i: int, lin: Int4Linear) -> Callable[[], dict[str, Tensor]]:
+    """Layer i's rotated down_proj tensors from `path` (shapes checked at load), each checked finite."""
+    names = list(lin.state_dict())
+
+    def read() -> dict[str, Tensor]:
+        out = {}
+        try:
+            with safe_open(path, framework="pt") as f:
+                for k in names:
+                    out[k] = f.get_tensor(f"layers.{i}.mlp.down_proj.{k}")
+        except Exception as e:  # replaced or damaged since the load
+            raise ModelLoadError(f"{path}: layer {i}'s rotated down_proj no longer reads ({e}); re-quantize "
+                                 "with `parley quantize --rebuild`") from None
+        for k, got in out.items():
             if got.is_floating_point() and not bool(torch.isfinite(got).all()):
                 raise ModelLoadError(f"{path}: layers.{i}.mlp.down_proj.{k} holds NaN or infinite values; "
                                      "re-quantize with `parley quantize --rebuild`")
-            setattr(new, k, got.to(old.qweight.device))
-        swaps.append(new)
-    if tensors:
-        raise ModelLoadError(f"{path}: unexpected tensors, e.g. {next(iter(tensors))!r}; re-quantize it")
-    install(model, dict(enumerate(swaps)), diag, block)
-    return True
+        return out
+    return read
 
 
 def install(model: nn.Module, rotated: dict[int, nn.Module], diag: Tensor, block: int) -> None:

@@ -13,16 +13,20 @@ import torch
 from torch import Tensor, nn
 
 from ... import kernels
+from ..read_on_use import ReadOnUse
 from .pack import Bounds, pack_awq, quantize_weight
 
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(ReadOnUse, nn.Module):
     """y = x @ dequant(qweight) + bias, weights in the AutoAWQ GEMM layout (see pack.py).
 
     `mins=True`: a float minimum per group too, W = (q - z) * s + m (fp16 [in/group, out]), the form of
-    GGUF's Q4_1 and Q4_K blocks, imported as they are (models/gguf_int4.py); AWQ checkpoints have none."""
+    GGUF's Q4_1 and Q4_K blocks, imported as they are (models/gguf_int4.py); AWQ checkpoints have none.
+    On the CPU the loader leaves the stored tensors unread until used (models/read_on_use.py)."""
+
+    ON_USE = ("qweight", "qzeros", "scales", "mins")
 
     def __init__(self, in_features: int, out_features: int, group_size: int, bias: bool = False,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.float16,
@@ -71,6 +75,13 @@ class Int4Linear(nn.Module):
         if bias is not None:
             m.bias = bias.detach().clone()
         return m
+
+    @property
+    def has_mins(self) -> bool:
+        return "mins" in self._buffers
+
+    def _released(self) -> None:
+        self._prepared = None
 
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
         self._prepared = None  # new tensors: repack on next use

@@ -1,0 +1,71 @@
+"""Modules that hold no weights until something uses them, then read them from the checkpoint.
+
+Why: on the CPU the native step runs a packed copy of its own of every decoder linear and of the output head,
+read from its layout cache at a cached start, so the modules' copies would be dead weight (3.8 GB of INT4 and a
+2.1 GB fp32 head at 8B). The loader (models/loading.py) leaves such tensors on the meta device and gives the
+module a reader of the checkpoint: whatever does use them (a first start's packing, the PyTorch path, a
+self-draft's packing) reads them then, and `release` lets them go again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+class ReadOnUse:
+    """Mixed into an nn.Module: the tensors named in `ON_USE` (buffers or parameters) may be meta until used."""
+
+    ON_USE: tuple[str, ...] = ()
+
+    def read_on_use(self, read: Callable[[], dict[str, Tensor]]) -> None:
+        """From now on the `ON_USE` tensors held on the meta device are read by `read()` (all at once, by name)
+        when first asked for."""
+        self.__dict__["_read"] = read
+
+    def release(self) -> None:
+        """Drop the `ON_USE` tensors of a module that can read them again (`read_on_use`); else keep them."""
+        if self.__dict__.get("_read") is None:
+            return
+        for store, name in self._on_use_slots():
+            t = store[name]
+            if not t.is_meta:
+                meta = torch.empty(t.shape, dtype=t.dtype, device="meta")
+                store[name] = nn.Parameter(meta, requires_grad=False) if isinstance(t, nn.Parameter) else meta
+        self._released()
+
+    def _released(self) -> None:
+        """What a subclass drops with its tensors (a repacked form of them)."""
+
+    def _on_use_slots(self) -> list[tuple[dict[str, Any], str]]:
+        slots = []
+        for name in self.ON_USE:
+            for store in (self._buffers, self._parameters):  # type: ignore[attr-defined]
+                if store.get(name) is not None:
+                    slots.append((store, name))
+        return slots
+
+    def __getattr__(self, name: str) -> Any:
+        value = super().__getattr__(name)  # type: ignore[misc]
+        if name in self.ON_USE and isinstance(value, Tensor) and value.is_meta and self.__dict__.get("_read"):
+            self._materialize()
+            value = super().__getattr__(name)  # type: ignore[misc]
+        return value
+
+    def _materialize(self) -> None:
+        tensors = self.__dict__["_read"]()
+        for store, name in self._on_use_slots():
+            held, t = store[name], tensors.get(name)
+            if t is None or t.shape != held.shape or t.dtype != held.dtype:
+                raise ValueError(f"{name}: read {None if t is None else (tuple(t.shape), t.dtype)}, the module "
+                                 f"holds {(tuple(held.shape), held.dtype)}")
+            store[name] = nn.Parameter(t, requires_grad=False) if isinstance(held, nn.Parameter) else t
+
+
+class HeadOnUse(ReadOnUse, nn.Linear):
+    """The output head (an untied nn.Linear), its weight read on use."""
+
+    ON_USE = ("weight",)
