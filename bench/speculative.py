@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     drafts = {}
     for spec in [d.strip() for d in (args.draft or "").split(",") if d.strip() and d.strip() != "none"]:
         drafts[spec] = load_draft(spec, engine.model, resolve(args.model), engine.tokenizer,
-                                  native=engine.native is not None)
+                                  native=engine.native is not None, target_step=engine.native)
     peer = find_peer(args.peer)
     if args.documents is not None:
         return emit(suite_results(engine, drafts, peer, args), args.json, lambda results: suite_lines(results, args))

@@ -156,7 +156,7 @@ class Engine:
             from .speculative import load_draft
 
             drafter = load_draft(draft, model, files, tokenizer, progress=progress, group_size=group_size,
-                                 native=step is not None)
+                                 native=step is not None, target_step=step)
         engine = cls(model, tokenizer, name=name, quantization=quantization,
                      context_window=context_window or int(os.environ.get("PARLEY_CONTEXT", 0)) or None,
                      draft=drafter, compile=compile if compile is not None else os.environ.get("PARLEY_COMPILE") == "1",

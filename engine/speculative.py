@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models.device_prep import prepare_for_device
+from ..models.native_step import NativeStep
 from ..models.transformer import Transformer
 from .cached_model import CachedModel, Step
 from .params import GenerationParams
@@ -326,11 +327,13 @@ class DraftModel:
         return self._cached
 
     @classmethod
-    def self_draft(cls, target: Transformer, n_layers: int, tokenizer, *, native: bool = True, **kw) -> DraftModel:
+    def self_draft(cls, target: Transformer, n_layers: int, tokenizer, *, native: bool = True,
+                   target_step: NativeStep | None = None, **kw) -> DraftModel:
         """Layer-skip drafting: the target's first `n_layers` blocks, its final norm and head, sharing
-        the target's weights (nothing is copied; the native step packs its own copy). Works offline with
-        any model; how well its guesses match depends on how much the skipped layers change the argmax.
-        `native`: whether the target runs the native step (the draft then does too)."""
+        the target's weights (nothing is copied: with the target's native step, `target_step`, the draft's step
+        is a view of its first layers). Works offline with any model; how well its guesses match depends on
+        how much the skipped layers change the argmax. `native`: whether the target runs the native step (the
+        draft then does too)."""
         if not 1 <= n_layers <= target.config.n_layers:
             raise ValueError(f"self-draft layers={n_layers}: the target has {target.config.n_layers} layers")
         with torch.device("meta"):  # a shell; every module is then replaced by the target's own
@@ -344,8 +347,9 @@ class DraftModel:
         if target.config.local_rope:  # Gemma 3's sliding-window layers have their own rope base
             shell.inv_freq_local = target.inv_freq_local
         kw.setdefault("name", f"self:{n_layers}")
+        step = target_step.first_layers(n_layers) if target_step is not None and native else None
         return cls(shell, tokenizer, tokenizer, vocab_size=target.config.vocab_size,
-                   native=prepare_for_device(shell, native=native), **kw)
+                   native=step or prepare_for_device(shell, native=native), **kw)
 
     def propose(self, context: list[int], k: int, params: GenerationParams,
                 generator: torch.Generator | None = None) -> Proposal:
@@ -383,9 +387,9 @@ class DraftModel:
 
 
 def load_draft(spec: str, target: Transformer, target_files, tokenizer, *, progress=None,
-               group_size: int = 128, native: bool = True) -> DraftModel:
+               group_size: int = 128, native: bool = True, target_step: NativeStep | None = None) -> DraftModel:
     """The draft model a `--draft` value names, for `target` loaded from `target_files`, prepared for
-    its device as the target is (`native`: whether the target runs the native step).
+    its device as the target is (`native`: whether the target runs the native step, `target_step`).
 
     'self' or 'self:N': the target's first N layers (default a quarter) and its head, sharing weights.
     'awq': the target's own INT4 (AWQ) weights, quantized into the Parley cache on first use.
@@ -401,7 +405,7 @@ def load_draft(spec: str, target: Transformer, target_files, tokenizer, *, progr
         if n and not n.isdigit():
             raise ValueError(f"--draft {spec!r}: expected self:N with N a number of layers")
         return DraftModel.self_draft(target, int(n) if n else max(1, target.config.n_layers // 4), tokenizer,
-                                     native=native, name=spec)
+                                     native=native, target_step=target_step, name=spec)
     if spec == "awq":
         from ..models.quantize.cache import ensure_quantized
 

@@ -10,12 +10,14 @@ Every position is computed by the same arithmetic whatever the pass length, so l
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import logging
 import os
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -115,7 +117,9 @@ class NativeStep:
             raise ValueError("the native step needs head_dim <= 512 and at most 8 query heads per kv head")
         layers = (native_forward.Layer * c.n_layers)()
         started = time.monotonic()
+        self.layer_bytes: list[int] = []  # what each layer's weights take (a view of the first layers reads less)
         for i, block in enumerate(model.layers):
+            kept = len(self.keep)
             if progress is not None and packed is None and time.monotonic() - started > 0.5:
                 progress(Progress("load", i, c.n_layers, "layer", f"preparing the CPU step: layer {i}/{c.n_layers}"))
             at, mlp = block.self_attn, block.mlp
@@ -134,6 +138,7 @@ class NativeStep:
             if block.sandwich:
                 L.post_attn_norm = self._ptr(block.post_attention_layernorm.weight)
                 L.post_ffn_norm = self._ptr(block.post_feedforward_layernorm.weight)
+            self.layer_bytes.append(sum(t.numel() * t.element_size() for t in self.keep[kept:]))
         if progress is not None and packed is None and time.monotonic() - started > 0.5:  # the line's last figure
             progress(Progress("load", c.n_layers, c.n_layers, "layer", "preparing the CPU step: done"))
         self.layers = layers
@@ -187,6 +192,24 @@ class NativeStep:
         self.md.embed_scale = float(torch.tensor(c.dim ** 0.5, dtype=torch.float32)) if c.embed_scale else 0.0
         self.md.attn_scale = c.query_scale
         self.md.act = 1 if c.mlp_act == "gelu_tanh" else 0
+
+    def first_layers(self, n: int) -> NativeStep:
+        """The step of the model's first `n` layers with its final norm and head (a self-draft's): a view of this
+        step's packed weights, nothing packed or copied again."""
+        if not 1 <= n <= self.config.n_layers:
+            raise ValueError(f"first_layers({n}): the model has {self.config.n_layers} layers")
+        step = copy.copy(self)
+        step.config = replace(self.config, n_layers=n, layer_windows=self.config.layer_windows[:n])
+        step.layers = (native_forward.Layer * n)(*self.layers[:n])
+        step.md = native_forward.Model.from_buffer_copy(self.md)
+        step.md.n_layers = n
+        step.md.layers = ctypes.cast(step.layers, ctypes.POINTER(native_forward.Layer))
+        step._caches = weakref.WeakKeyDictionary()
+        step.packed = {}  # nothing of its own to cache
+        step.whole = self  # keeps the packed weights the layers point at alive
+        step.layer_bytes = self.layer_bytes[:n]
+        step.weight_bytes = self.weight_bytes - sum(self.layer_bytes[n:])
+        return step
 
     @staticmethod
     def _read_head(module: nn.Module) -> Tensor:
