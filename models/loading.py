@@ -257,7 +257,7 @@ def _read_on_use(model: Transformer, sources: dict[str, tuple[Path, str]], sourc
     for prefix, module in model.named_modules():
         if isinstance(module, Int4Linear) and f"{prefix}.qweight" in sources:
             module.read_on_use(reader(prefix, Int4Linear.ON_USE))
-    if "lm_head.weight" in sources:
+    if "lm_head.weight" in sources and not model.config.tie_embeddings:  # a tied file's copy is skipped
         held = model.lm_head.weight
         head = HeadOnUse(held.shape[1], held.shape[0], bias=False, device="meta", dtype=held.dtype)
         head.read_on_use(reader("lm_head", HeadOnUse.ON_USE))

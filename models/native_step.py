@@ -28,6 +28,7 @@ from . import native_forward
 from .progress import Progress, ProgressFn
 from .quantize.int4_linear import Int4Linear
 from .quantize.pack import quantize_weight
+from .read_on_use import ReadOnUse
 from .transformer import KVCache, Transformer
 
 log = logging.getLogger(__name__)
@@ -215,9 +216,8 @@ class NativeStep:
     def _read_head(module: nn.Module) -> Tensor:
         """The head's weight for packing; a head read on use (models/read_on_use.py) lets go of it again after."""
         weight = module.weight
-        release = getattr(module, "release", None)
-        if release is not None:
-            release()
+        if isinstance(module, ReadOnUse):
+            module.release()
         return weight
 
     @staticmethod
