@@ -111,7 +111,7 @@ def fp_head(model, folder: Path) -> None:
 
     if not isinstance(model.lm_head, FastHead):
         return
-    weight = model.embed_tokens.weight
+    weight = model.embed_tokens.weight.to(model.norm.weight.dtype)  # a table held in fp16 widens exactly
     if not model.config.tie_embeddings:
         weight = next(t for name, t in safetensors_weights(folder) if name == "lm_head.weight").to(weight.dtype)
     head = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)

@@ -49,7 +49,8 @@ def load_model(files: ModelFiles, dtype: torch.dtype = torch.float32,
     (models/gguf_int4.py); what was imported how is tallied in it.
     `int4_on_use` (an AWQ folder on the CPU): each INT4 linear's tensors are read from the checkpoint when first
     used, not at load (`Int4Linear.read_on_use`): the native step, which runs a packed copy of its own, then
-    never holds them twice."""
+    never holds them twice. The embedding then stays as stored (fp16 or bf16, widened exactly row by row where
+    it is looked up: `Transformer.embed`, the native step), not doubled into fp32."""
     from .quantize.checkpoint import awq_group_size_of, is_awq
 
     def reading() -> None:
@@ -90,7 +91,8 @@ def load_model(files: ModelFiles, dtype: torch.dtype = torch.float32,
     weights = safetensors_weights(files.path, device, sources if lazy else None)
     if config.norm_unit_offset:  # Gemma stores w for a gain of 1 + w; the model holds the gain
         weights = ((n, t.float() + 1 if is_norm_weight(n) else t) for n, t in weights)
-    model = assemble(config, weights, dtype, device, str(files.path), group_size, check_values=not files.verified)
+    model = assemble(config, weights, dtype, device, str(files.path), group_size, check_values=not files.verified,
+                     narrow_embedding=lazy)
     if sources:
         _read_on_use(model, sources, str(files.path), dtype, check_values=not files.verified)
     if group_size is not None:  # Parley's own quantization keeps a rotated down_proj beside the standard one
@@ -160,12 +162,13 @@ def _no_random_init() -> Iterator[None]:
 @torch.no_grad()
 def assemble(config: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype,
              device: torch.device | str, source: str, group_size: int | None = None,
-             check_values: bool = True) -> Transformer:
+             check_values: bool = True, narrow_embedding: bool = False) -> Transformer:
     """Build the model on the meta device (nothing allocated), then place each checkpoint tensor into it.
 
     `group_size` set: an AWQ checkpoint. Each decoder linear whose `qweight` the checkpoint holds becomes
     an Int4Linear; linears stored unquantized (`modules_to_not_convert`) stay nn.Linear. `check_values=False`
     (a cache folder that matched its manifest): dtypes are still checked, the scan for NaN and infinities is not.
+    `narrow_embedding`: an embedding stored in fp16 or bf16 keeps that dtype under an fp32 `dtype`.
     """
     try:
         with torch.device("meta"), _no_random_init():
@@ -204,7 +207,9 @@ def assemble(config: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], d
                 f"{tuple(expected[name])}; the weights and the config disagree, re-download the model"
             )
         _check_values(name, tensor, source, check_values)
-        if tensor.is_floating_point():  # INT4 scales stay fp16, as the kernels read them; packed ints as stored
+        narrow = (narrow_embedding and name == "embed_tokens.weight" and dtype == torch.float32
+                  and tensor.dtype in (torch.float16, torch.bfloat16))
+        if tensor.is_floating_point() and not narrow:  # INT4 scales stay fp16, as the kernels read them
             tensor = tensor.to(torch.float16 if name.endswith((".scales", ".mins")) else dtype)
         placed[name] = tensor if tensor.is_meta else tensor.to(device)  # meta: read on use
     if n_linears and len(linears) == n_linears:  # not one qweight: a full-precision model under an AWQ label

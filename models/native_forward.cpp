@@ -57,7 +57,7 @@ struct Layer {
 struct Model {
     int32_t dim, n_layers, n_heads, n_kv_heads, head_dim, inter, vocab;
     float eps;
-    const float* embed;      // [vocab][dim] fp32
+    const void* embed;       // [vocab][dim], as embed_dtype says
     const float* final_norm;
     const float* rope_cos;   // [max_pos][head_dim/2]
     const float* rope_sin;
@@ -67,7 +67,7 @@ struct Model {
     float embed_scale;       // embeddings times this (Gemma: sqrt(dim)); 0: not scaled
     float attn_scale;        // softmax scale of q.k; 0: 1/sqrt(head_dim)
     int32_t act;             // the MLP's gate activation: 0 SiLU (SwiGLU), 1 tanh-approximated GELU (GeGLU)
-    int32_t embed_bf16;      // embed holds bf16 bits (a bf16 model's table, widened row by row), else fp32
+    int32_t embed_dtype;     // 0 fp32; 1 bf16, 2 fp16: a table held as stored, each looked-up row widened (exactly)
 };
 
 // One pass over the rows of `nseq` sequences: sequence s has rows[s] consecutive rows of `tokens` / `positions`,
@@ -155,14 +155,18 @@ static int forward_pass(const Model* md, int nseq, const Cache* const* caches, c
     const float scale = md->attn_scale > 0 ? md->attn_scale : 1.0f / std::sqrt((float)D);
 
     for (int m = 0; m < M; m++) {
-        if (md->embed_bf16) {
-            const uint16_t* e = (const uint16_t*)md->embed + (size_t)tokens[m] * dim;
-            for (int i = 0; i < dim; i++) x[(size_t)m * dim + i] = bf16_to_f32(e[i]);
+        float* xm = x + (size_t)m * dim;
+        if (md->embed_dtype == 0) {
+            std::memcpy(xm, (const float*)md->embed + (size_t)tokens[m] * dim, dim * 4);
         } else {
-            std::memcpy(x + (size_t)m * dim, md->embed + (size_t)tokens[m] * dim, dim * 4);
+            const uint16_t* e = (const uint16_t*)md->embed + (size_t)tokens[m] * dim;
+            if (md->embed_dtype == 1)
+                for (int i = 0; i < dim; i++) xm[i] = bf16_to_f32(e[i]);
+            else
+                for (int i = 0; i < dim; i++) xm[i] = half_to_f32(e[i]);
         }
         if (md->embed_scale != 0.0f)
-            for (int i = 0; i < dim; i++) x[(size_t)m * dim + i] *= md->embed_scale;
+            for (int i = 0; i < dim; i++) xm[i] *= md->embed_scale;
     }
     const int rows = n_out;
     auto out_row = [&](int i) { return out_rows ? out_rows[i] : M - n_out + i; };
@@ -329,7 +333,7 @@ static const FieldLayout parley_layout_table[] = {
     PARLEY_FIELD(Model, final_norm), PARLEY_FIELD(Model, rope_cos), PARLEY_FIELD(Model, rope_sin),
     PARLEY_FIELD(Model, max_pos), PARLEY_FIELD(Model, head), PARLEY_FIELD(Model, layers),
     PARLEY_FIELD(Model, embed_scale), PARLEY_FIELD(Model, attn_scale), PARLEY_FIELD(Model, act),
-    PARLEY_FIELD(Model, embed_bf16),
+    PARLEY_FIELD(Model, embed_dtype),
 };
 
 // Entry i of the table (0 past its end): struct name, field name ("" for the struct), offset, size.

@@ -38,7 +38,7 @@ class Model(ctypes.Structure):
                 ("final_norm", ctypes.c_void_p), ("rope_cos", ctypes.c_void_p), ("rope_sin", ctypes.c_void_p),
                 ("max_pos", ctypes.c_int32), ("head", Lin), ("layers", ctypes.POINTER(Layer)),
                 ("embed_scale", ctypes.c_float), ("attn_scale", ctypes.c_float), ("act", ctypes.c_int32),
-                ("embed_bf16", ctypes.c_int32)]
+                ("embed_dtype", ctypes.c_int32)]
 
 
 STRUCTS = (*native.STRUCTS, Layer, Model)  # every struct the library takes: its layout table's

@@ -53,6 +53,7 @@ class NativeUnavailable(Exception):
 
 
 HEAD_GROUP = 64  # the 4-bit head's group size (a multiple of 64, as the INT4 kernel reads)
+EMBED_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # Model.embed_dtype
 
 
 class NativeStep:
@@ -145,9 +146,9 @@ class NativeStep:
         self.layers = layers
         head_module = model.embed_tokens if c.tie_embeddings else model.lm_head
         head_w = head_module._parameters.get("weight")  # as held: a cached layout never reads one held on meta
-        if not isinstance(head_w, Tensor) or head_w.dtype != torch.float32 and (head_bits != 32 or
-                                                                               head_w.dtype != torch.bfloat16):
-            raise ValueError("the native step needs the output head as an fp32 weight (or bf16, unquantized)")
+        if not isinstance(head_w, Tensor) or head_w.dtype not in EMBED_DTYPES or (
+                head_bits == 32 and head_w.dtype == torch.float16):
+            raise ValueError("the native step needs the output head as an fp32 or bf16 weight (or fp16, quantized)")
         if head_bits == 8:
             if c.dim % 64:
                 raise ValueError(f"the native head needs a hidden size divisible by 64, not {c.dim}")
@@ -182,13 +183,14 @@ class NativeStep:
             for i in range(c.n_layers):
                 if c.layer_windows[i]:
                     layers[i].rope_cos, layers[i].rope_sin = local
-        # A bf16 model's embedding is read as it is held (each looked-up row widened), not copied to fp32.
-        embed_bf16 = embed.dtype == torch.bfloat16
-        embed_ptr = self._keep(embed.detach().contiguous()).data_ptr() if embed_bf16 else self._ptr(embed)
+        # An embedding held narrower than fp32 (a bf16 model's; an INT4 model's fp16 table as stored) is read as
+        # it is held, each looked-up row widened, not copied to fp32.
+        narrow = embed.dtype != torch.float32
+        embed_ptr = self._keep(embed.detach().contiguous()).data_ptr() if narrow else self._ptr(embed)
         self.md = native_forward.Model(c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
                                        c.intermediate_size, c.vocab_size, c.norm_eps, embed_ptr,
                                        self._ptr(model.norm.weight), cos, sin, c.max_seq_len, head, layers)
-        self.md.embed_bf16 = int(embed_bf16)
+        self.md.embed_dtype = EMBED_DTYPES[embed.dtype]
         # sqrt(dim) rounded to fp32 first, as Transformer.embed does
         self.md.embed_scale = float(torch.tensor(c.dim ** 0.5, dtype=torch.float32)) if c.embed_scale else 0.0
         self.md.attn_scale = c.query_scale

@@ -441,7 +441,7 @@ class Transformer(nn.Module):
         return {0: causal, **masks}
 
     def embed(self, tokens: Tensor) -> Tensor:
-        x = self.embed_tokens(tokens)
+        x = self.embed_tokens(tokens).to(self.norm.weight.dtype)  # a table held narrower (fp16, as stored) widens
         if self.config.embed_scale:  # sqrt(dim) rounded to the weights' dtype first, as Gemma's reference does
             x = x * torch.tensor(self.config.dim ** 0.5).to(x.dtype)
         return x

@@ -1,7 +1,8 @@
 """On the CPU an INT4 model's linears hold no copy of their weights beside the native step's packed one: the loader
 leaves them on the meta device with a reader of the checkpoint (`Int4Linear.read_on_use`). What uses them reads
 them then and gets exactly the loaded tensors; the native step packs from them and lets go; a file damaged after
-the load is a one-line error naming it, never other weights."""
+the load is a one-line error naming it, never other weights. The embedding stays as stored (fp16), widened
+exactly where a row is looked up."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def test_the_default_engine_holds_no_module_copy_and_replies():
     lins = [lin for _, _, lin in decoder_linears(engine.model)]
     assert lins and all(isinstance(lin, Int4Linear) for lin in lins)
     assert all(t.is_meta for lin in lins for t in held(lin).values()), "a module holds a second copy"
+    assert engine.model.embed_tokens.weight.dtype == torch.float16, "the embedding was widened to fp32"
     ask = [{"role": "user", "content": "What is the capital of France?"}]
     text = "".join(getattr(e, "text", "") for e in engine.session().reply(ask, GenerationParams(
         temperature=0, max_new_tokens=12, speculation="off")))
@@ -59,6 +61,10 @@ def test_read_on_use_gives_the_loaded_tensors_and_the_same_packed_step(tmp_path)
     pairs = list(zip(decoder_linears(eager), decoder_linears(lazy), strict=True))
     assert all(t.is_meta for _, _, lin in decoder_linears(lazy) for t in held(lin).values())
     assert not eager.config.tie_embeddings and lazy.lm_head._parameters["weight"].is_meta  # the untied head too
+    # the embedding as stored (fp16), not doubled into fp32: widened row by row, the same values
+    assert eager.embed_tokens.weight.dtype == torch.float32 and lazy.embed_tokens.weight.dtype == torch.float16
+    ids = torch.arange(0, 256, 7)[None]
+    assert lazy.embed(ids).dtype == torch.float32 and torch.equal(lazy.embed(ids), eager.embed(ids))
     x = torch.randn(3, pairs[0][0][2].in_features, generator=torch.Generator().manual_seed(SEED))
     (_, _, e0), (_, _, l0) = pairs[0]
     assert torch.equal(l0(x), e0(x))  # the PyTorch path reads the tensors on its first use

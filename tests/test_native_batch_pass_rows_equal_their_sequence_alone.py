@@ -51,7 +51,7 @@ def test_each_sequence_of_a_shared_pass_gets_its_solo_logits_and_cache(kind: str
         model = model.to(torch.bfloat16)
     step = NativeStep.for_model(model, head_bits=8 if weights == "int4" else 32)
     if weights == "bf16":
-        assert step.md.embed_bf16 == 1
+        assert step.md.embed_dtype == 1
     depths = [270, 3, 0, 40, 250]  # context each sequence holds before the shared pass
     contexts = [[rng.randrange(300) for _ in range(d)] for d in depths]
     tree_parents = [-1, 0, 0, 1, 2, 2, 4]
