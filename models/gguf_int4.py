@@ -32,6 +32,7 @@ from .quantize.pack import quantize_weight
 GROUP = 32  # every GGUF 4-bit format's group of inputs
 T = gguf.GGMLQuantizationType
 FOUR_BIT = (T.Q4_0, T.Q4_1, T.Q4_K)
+WITH_MINS = (T.Q4_1, T.Q4_K)  # a float minimum per group (`mins`)
 
 
 @dataclass

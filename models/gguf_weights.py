@@ -8,11 +8,13 @@ names or rows differ is in families.py (`gguf_names`, `gguf_permuted_qk`).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import mmap
 import re
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -261,27 +263,58 @@ def unpermute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def dequantize(tensor: GGUFTensor, path: Path) -> torch.Tensor:
-    """One tensor as fp32 in PyTorch's [out, in] order, whatever its GGUF type."""
-    kind = tensor.kind
+    """One tensor as fp32 in PyTorch's [out, in] order, whatever its GGUF type. A matrix is dequantized
+    DEQUANT_ROWS rows at a time into its fp32 result: gguf's block decoders make several temporaries the size
+    of their input (an 8B embedding's whole-tensor ones are GBs)."""
+    kind, data = tensor.kind, tensor.data
     try:
-        array = gguf.quants.dequantize(tensor.data, kind)
+        if data.ndim < 2 or data.shape[0] <= DEQUANT_ROWS:
+            out = np.array(gguf.quants.dequantize(data, kind), dtype=np.float32)  # a copy: the file is mapped
+        else:  # read-only
+            first = gguf.quants.dequantize(data[:DEQUANT_ROWS], kind)
+            out = np.empty((data.shape[0], *first.shape[1:]), dtype=np.float32)
+            out[:DEQUANT_ROWS] = first
+            for r in range(DEQUANT_ROWS, data.shape[0], DEQUANT_ROWS):
+                out[r : r + DEQUANT_ROWS] = gguf.quants.dequantize(data[r : r + DEQUANT_ROWS], kind)
+        _drop_pages(data)
+        return torch.from_numpy(out)
     except NotImplementedError:
         raise ModelLoadError(
             f"{path}: tensor {tensor.name} is stored as {kind.name}, which Parley cannot dequantize; "
             "use a GGUF of type F32, F16, BF16, Q4_0/1, Q5_0/1, Q8_0, a K-quant (Q2_K..Q6_K) or an IQ type"
         ) from None
-    return torch.from_numpy(np.array(array, dtype=np.float32))  # a copy: the file is mapped read-only
+
+
+DEQUANT_ROWS = 8192
+
+
+def _drop_pages(data: np.ndarray) -> None:
+    """Let the kernel unmap a tensor's file pages once it is decoded: mapped in, they count in the process's
+    RSS (4.7 GB for an 8B Q4_0 file) and are read again from the file if anything decodes them again."""
+    array = data
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    if not isinstance(array.base, mmap.mmap) or data.nbytes == 0:
+        return
+    # where the data sits in the mapping (np.memmap maps from its offset rounded down to the granularity)
+    start = data.ctypes.data - array.ctypes.data + getattr(array, "offset", 0) % mmap.ALLOCATIONGRANULARITY
+    first = start // mmap.PAGESIZE * mmap.PAGESIZE
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # no madvise here: the pages stay mapped in
+        array.base.madvise(mmap.MADV_DONTNEED, first, start + data.nbytes - first)
 
 
 _DECODER_LINEAR = re.compile(r"layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight")
 
 
-def iter_weights(file: GGUFFile, arch: str, n_heads: int, n_kv_heads: int,
-                 int4: Imported | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_weights(file: GGUFFile, arch: str, n_heads: int, n_kv_heads: int, int4: Imported | None = None,
+                 on_use: dict[str, Callable[[], dict[str, torch.Tensor]]] | None = None
+                 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(our name, fp32 tensor) for every parameter in the file, with q/k rows un-permuted.
 
     `int4` given: each decoder linear comes as Int4Linear's tensors instead (`prefix.qweight`, ...; the
-    file's own 4-bit blocks where it has them, models/gguf_int4.py), tallied in `int4`.
+    file's own 4-bit blocks where it has them, models/gguf_int4.py), tallied in `int4`. `on_use` given too:
+    those tensors, and an untied output head, come on the meta device (shapes from the header), and a reader
+    that decodes them from the mapped file is put in `on_use` by module name (models/read_on_use.py).
     Gemma's norms come as llama.cpp's converter stored them, 1 + w: the gain our model holds."""
     path = file.path
     for tensor in file.tensors:
@@ -301,11 +334,42 @@ def iter_weights(file: GGUFFile, arch: str, n_heads: int, n_kv_heads: int,
                                      "in % 32 == 0 and out % 8 == 0 -- use --quant awq or none")
             int4.add(tensor.kind)
             prefix = name.removesuffix(".weight")
+            if on_use is not None:
+                on_use[prefix] = _int4_reader(tensor, path, rows)
+                yield from ((f"{prefix}.{key}", t) for key, t in _int4_meta(tensor).items())
+                continue
             for key, t in int4_tensors(tensor.kind, tensor.data, fp, rows).items():
                 yield f"{prefix}.{key}", t
             continue
+        if on_use is not None and int4 is not None and name == "lm_head.weight":
+            on_use["lm_head"] = lambda t=tensor: {"weight": dequantize(t, path)}
+            yield name, torch.empty(tensor.shape, dtype=torch.float32, device="meta")
+            continue
         w = dequantize(tensor, path)
         yield name, (rows(w) if rows else w)
+
+
+def _int4_meta(tensor: GGUFTensor) -> dict[str, torch.Tensor]:
+    """The Int4Linear tensors `int4_tensors` makes of a decoder linear, as shapes on the meta device."""
+    from .gguf_int4 import GROUP, WITH_MINS
+
+    out, inp = tensor.shape[0], tensor.shape[-1]
+    shapes = {"qweight": ((inp, out // 8), torch.int32), "qzeros": ((inp // GROUP, out // 8), torch.int32),
+              "scales": ((inp // GROUP, out), torch.float16)}
+    if tensor.kind in WITH_MINS:  # first, as int4_tensors yields them
+        shapes = {"mins": ((inp // GROUP, out), torch.float16), **shapes}
+    return {key: torch.empty(shape, dtype=dtype, device="meta") for key, (shape, dtype) in shapes.items()}
+
+
+def _int4_reader(tensor: GGUFTensor, path: Path, rows) -> Callable[[], dict[str, torch.Tensor]]:
+    def read() -> dict[str, torch.Tensor]:
+        from .gguf_int4 import FOUR_BIT, int4_tensors
+
+        fp = None if tensor.kind in FOUR_BIT else dequantize(tensor, path)
+        out = int4_tensors(tensor.kind, tensor.data, fp, rows)
+        _drop_pages(tensor.data)
+        return out
+    return read
 
 
 def four_bit_types(path: str | Path) -> str | None:

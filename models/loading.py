@@ -63,10 +63,15 @@ def load_model(files: ModelFiles, dtype: torch.dtype = torch.float32,
         file = open_gguf(files.path)
         config = ModelConfig.from_gguf(file)
         reading()
-        weights = iter_weights(file, config.arch, config.n_heads, config.n_kv_heads, gguf_int4)
+        readers: dict[str, Callable[[], dict[str, torch.Tensor]]] | None = None
+        if int4_on_use and gguf_int4 is not None and torch.device(device).type == "cpu" and dtype == torch.float32:
+            readers = {}  # the decoder's INT4 tensors and an untied head, decoded from the mapped file on use
+        weights = iter_weights(file, config.arch, config.n_heads, config.n_kv_heads, gguf_int4, readers)
         from .gguf_int4 import GROUP
 
         model = assemble(config, weights, dtype, device, str(files.path), GROUP if gguf_int4 is not None else None)
+        if readers:
+            _attach_readers(model, {name: _checked(name, read, str(files.path)) for name, read in readers.items()})
         if gguf_int4 is not None and not gguf_int4.own:
             raise ModelLoadError(f"{files.path}: no decoder weight is stored 4-bit (Q4_0, Q4_1 or Q4_K) but "
                                  f"{gguf_int4.words().removeprefix('none + ')}; --quant gguf runs a file's own 4-bit "
@@ -231,6 +236,33 @@ def assemble(config: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], d
     return model.eval()
 
 
+def _checked(prefix: str, read: Callable[[], dict[str, torch.Tensor]], source: str
+             ) -> Callable[[], dict[str, torch.Tensor]]:
+    """`read`, its tensors checked as `assemble` checks what it places."""
+    def read_checked() -> dict[str, torch.Tensor]:
+        tensors = read()
+        for part, tensor in tensors.items():
+            _check_values(f"{prefix}.{part}", tensor, source, True)
+        return tensors
+    return read_checked
+
+
+def _attach_readers(model: Transformer, readers: dict[str, Callable[[], dict[str, torch.Tensor]]]) -> None:
+    """Give each INT4 linear left on the meta device, and an untied head, its reader (`readers`, by module
+    name; models/read_on_use.py)."""
+    from .quantize.int4_linear import Int4Linear
+    from .read_on_use import HeadOnUse
+
+    for prefix, module in model.named_modules():
+        if isinstance(module, Int4Linear) and prefix in readers:
+            module.read_on_use(readers[prefix])
+    if "lm_head" in readers and not model.config.tie_embeddings:  # a tied file's copy is skipped
+        held = model.lm_head.weight
+        head = HeadOnUse(held.shape[1], held.shape[0], bias=False, device="meta", dtype=held.dtype)
+        head.read_on_use(readers["lm_head"])
+        model.lm_head = head
+
+
 def _read_on_use(model: Transformer, sources: dict[str, tuple[Path, str]], source: str, dtype: torch.dtype,
                  check_values: bool) -> None:
     """Give each INT4 linear left on the meta device, and an untied head, a reader of its tensors
@@ -259,14 +291,11 @@ def _read_on_use(model: Transformer, sources: dict[str, tuple[Path, str]], sourc
             return out
         return read
 
-    for prefix, module in model.named_modules():
-        if isinstance(module, Int4Linear) and f"{prefix}.qweight" in sources:
-            module.read_on_use(reader(prefix, Int4Linear.ON_USE))
-    if "lm_head.weight" in sources and not model.config.tie_embeddings:  # a tied file's copy is skipped
-        held = model.lm_head.weight
-        head = HeadOnUse(held.shape[1], held.shape[0], bias=False, device="meta", dtype=held.dtype)
-        head.read_on_use(reader("lm_head", HeadOnUse.ON_USE))
-        model.lm_head = head
+    readers = {prefix: reader(prefix, Int4Linear.ON_USE) for prefix, module in model.named_modules()
+               if isinstance(module, Int4Linear) and f"{prefix}.qweight" in sources}
+    if "lm_head.weight" in sources:
+        readers["lm_head"] = reader("lm_head", HeadOnUse.ON_USE)
+    _attach_readers(model, readers)
 
 
 def _check_values(name: str, tensor: torch.Tensor, source: str, finite: bool = True) -> None:
@@ -277,9 +306,16 @@ def _check_values(name: str, tensor: torch.Tensor, source: str, finite: bool = T
         expected = "int32 (packed INT4)" if packed else "floating point"
         raise ModelLoadError(f"{source}: tensor {name} is stored as {str(tensor.dtype).removeprefix('torch.')}, "
                              f"expected {expected}; the file is damaged or not this model's, re-download it")
-    if finite and not packed and not tensor.is_meta and not bool(torch.isfinite(tensor).all()):
+    if finite and not packed and not tensor.is_meta and not _all_finite(tensor):
         raise ModelLoadError(f"{source}: tensor {name} holds NaN or infinite values; the file is damaged, "
                              "re-download the model")
+
+
+def _all_finite(tensor: torch.Tensor, block: int = 1 << 22) -> bool:
+    """torch.isfinite a block of elements at a time: over a whole tensor its temporaries take ~6 bytes an
+    element (1.7 GB beside a 1B model's fp32 embedding)."""
+    flat = tensor.reshape(-1)
+    return all(bool(torch.isfinite(flat[i : i + block]).all()) for i in range(0, flat.numel(), block))
 
 
 def _shapes(model: Transformer, config: ModelConfig) -> dict[str, torch.Size]:
