@@ -326,20 +326,17 @@ def iter_weights(file: GGUFFile, arch: str, n_heads: int, n_kv_heads: int, int4:
         heads = permuted_heads(name, arch, n_heads, n_kv_heads)
         rows = (lambda t, h=heads: unpermute_rotary(t, h)) if heads else None
         if int4 is not None and _DECODER_LINEAR.fullmatch(name):
-            from .gguf_int4 import FOUR_BIT, int4_tensors
-
-            fp = None if tensor.kind in FOUR_BIT else dequantize(tensor, path)
             if tensor.shape[-1] % 32 or tensor.shape[0] % 8:
                 raise ModelLoadError(f"{path}: tensor {tensor.name} has shape {tensor.shape}; INT4 import needs "
                                      "in % 32 == 0 and out % 8 == 0 -- use --quant awq or none")
             int4.add(tensor.kind)
             prefix = name.removesuffix(".weight")
+            read = _int4_reader(tensor, path, rows)
             if on_use is not None:
-                on_use[prefix] = _int4_reader(tensor, path, rows)
+                on_use[prefix] = read
                 yield from ((f"{prefix}.{key}", t) for key, t in _int4_meta(tensor).items())
                 continue
-            for key, t in int4_tensors(tensor.kind, tensor.data, fp, rows).items():
-                yield f"{prefix}.{key}", t
+            yield from ((f"{prefix}.{key}", t) for key, t in read().items())
             continue
         if on_use is not None and int4 is not None and name == "lm_head.weight":
             on_use["lm_head"] = lambda t=tensor: {"weight": dequantize(t, path)}
