@@ -268,14 +268,11 @@ def dequantize(tensor: GGUFTensor, path: Path) -> torch.Tensor:
     of their input (an 8B embedding's whole-tensor ones are GBs)."""
     kind, data = tensor.kind, tensor.data
     try:
-        if data.ndim < 2 or data.shape[0] <= DEQUANT_ROWS:
-            out = np.array(gguf.quants.dequantize(data, kind), dtype=np.float32)  # a copy: the file is mapped
-        else:  # read-only
-            first = gguf.quants.dequantize(data[:DEQUANT_ROWS], kind)
-            out = np.empty((data.shape[0], *first.shape[1:]), dtype=np.float32)
-            out[:DEQUANT_ROWS] = first
-            for r in range(DEQUANT_ROWS, data.shape[0], DEQUANT_ROWS):
-                out[r : r + DEQUANT_ROWS] = gguf.quants.dequantize(data[r : r + DEQUANT_ROWS], kind)
+        out = np.empty(tensor.shape, dtype=np.float32)  # a copy: the file is mapped read-only
+        if data.ndim < 2:
+            out[...] = gguf.quants.dequantize(data, kind)
+        for r in range(0, data.shape[0] if data.ndim > 1 else 0, DEQUANT_ROWS):
+            out[r : r + DEQUANT_ROWS] = gguf.quants.dequantize(data[r : r + DEQUANT_ROWS], kind)
         _drop_pages(data)
         return torch.from_numpy(out)
     except NotImplementedError:
