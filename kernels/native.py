@@ -235,7 +235,13 @@ def _pad_columns(t: Tensor, n: int) -> Tensor:
 
 def pack_q4(q: Tensor, zeros: Tensor, scales: Tensor, group_size: int,
             mins: Tensor | None = None) -> dict[str, Tensor]:
-    """q [K, N] ints 0..15, zeros/scales [K/group, N] (W = (q - z) * s) -> the products' column-block layout.
+    """q [K, N] ints 0..15, zeros/scales [K/group, N] (W = (q - z) * s): `pack_q4_rows` of their transposes."""
+    return pack_q4_rows(q.t(), zeros.t(), scales.t(), group_size, None if mins is None else mins.t())
+
+
+def pack_q4_rows(q: Tensor, zeros: Tensor, scales: Tensor, group_size: int,
+                 mins: Tensor | None = None) -> dict[str, Tensor]:
+    """q [N, K] ints 0..15, zeros/scales [N, K/group] (W = (q - z) * s) -> the products' column-block layout.
 
     Per block of 16 output columns and chunk of 64 inputs, 8 vectors of 64 bytes: byte 4n + j of vector t
     holds input 4t + j of column n (low nibble) and input 32 + 4t + j (high nibble), so one VNNI
@@ -243,19 +249,21 @@ def pack_q4(q: Tensor, zeros: Tensor, scales: Tensor, group_size: int,
     (uint8) are [N/16][K/group][16]: 3 bytes per group, not 8 as fp32 scale and minimum would take. N is
     padded to a multiple of 16 with zero columns. Groups of 32 (GGUF's Q4 formats) and a float minimum per
     group (`mins`, fp16 numbers, W = (q - z) * s + m: key "m16") are read by the products in blocks of 32.
+    Rows in, as GGUF stores a weight: a uint8 matrix is never transposed (a byte-strided copy, the slowest
+    step of a start on a GGUF's own blocks when it was).
     """
-    K, N = q.shape
+    N, K = q.shape
     if K % 64 or group_size % 32 or (group_size % 64 and group_size != 32):
         raise ValueError(f"the native step needs in_features ({K}) divisible by 64 and a group size of 32 or a "
                          f"multiple of 64, not {group_size}")
     Np = (N + 15) // 16 * 16
-    qn = _pad_columns(q.t().to(torch.uint8), Np)                      # [Np, K]
+    qn = _pad_columns(q.to(torch.uint8), Np)                          # [Np, K]
     qn = qn.reshape(Np // 16, 16, K // 64, 2, 8, 4)                   # block, n, chunk, half, t, j
     packed = (qn[:, :, :, 0] | (qn[:, :, :, 1] << 4))                 # block, n, chunk, t, j
     packed = packed.permute(0, 2, 3, 1, 4).contiguous()               # block, chunk, t, n, j
 
-    def blocks(t: Tensor) -> Tensor:  # [G, N] -> [Np/16, G, 16]
-        t = _pad_columns(t.float().t(), Np)
+    def blocks(t: Tensor) -> Tensor:  # [N, G] -> [Np/16, G, 16]
+        t = _pad_columns(t.float(), Np)
         return t.reshape(Np // 16, 16, -1).transpose(1, 2).contiguous()
 
     if not torch.equal(scales.half().float(), scales.float()):

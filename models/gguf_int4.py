@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ..kernels.reference import AWQ_ORDER
-from .quantize.pack import quantize_weight
+from .quantize.pack import group_params, quantize_int, quantize_weight
 
 GROUP = 32  # every GGUF 4-bit format's group of inputs
 T = gguf.GGMLQuantizationType
@@ -111,19 +111,33 @@ def _k4_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, mn
 
 
-def int4_tensors(kind: gguf.GGMLQuantizationType, data: np.ndarray, fp: Tensor | None,
-                 rows: object = None) -> dict[str, Tensor]:
-    """One decoder linear as Int4Linear's tensors (qweight, qzeros, scales, and mins where it has them).
+def int4_rows(kind: gguf.GGMLQuantizationType, data: np.ndarray, fp: Tensor | None,
+              rows: object = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """One decoder linear's integers row by row, what the native step packs (`Int4Linear.q4_rows`): q uint8
+    [out, in], zero points, scales (fp16 numbers) and minimums (None without) [out, in/32].
 
     4-bit types are unpacked from `data` as stored; any other type is rounded to INT4 from `fp`, its
-    dequantized weight [out, in]. `rows`: a function reordering output rows (llama's q/k un-permute), applied
-    to every per-row tensor before packing."""
+    dequantized weight [out, in], as `quantize_weight` rounds it. `rows`: a function reordering output rows
+    (llama's q/k un-permute), applied to every per-row tensor."""
     reorder = rows if callable(rows) else (lambda t: t)
     if kind not in FOUR_BIT:
         assert fp is not None
-        qweight, qzeros, scales = quantize_weight(reorder(fp), GROUP)
-        return {"qweight": qweight, "qzeros": qzeros, "scales": scales}
+        w = reorder(fp)
+        scales, zeros = group_params(w, GROUP)
+        return quantize_int(w, scales, zeros, GROUP).to(torch.uint8), zeros, scales, None
     q, scales, zeros, mins = (None if t is None else reorder(t) for t in q4_groups(kind, data))
+    return q, zeros, scales, mins
+
+
+def int4_tensors(kind: gguf.GGMLQuantizationType, data: np.ndarray, fp: Tensor | None,
+                 rows: object = None) -> dict[str, Tensor]:
+    """One decoder linear as Int4Linear's tensors (qweight, qzeros, scales, and mins where it has them):
+    `int4_rows`, packed as AutoAWQ packs them."""
+    if kind not in FOUR_BIT:
+        assert fp is not None
+        qweight, qzeros, scales = quantize_weight((rows if callable(rows) else (lambda t: t))(fp), GROUP)
+        return {"qweight": qweight, "qzeros": qzeros, "scales": scales}
+    q, zeros, scales, mins = int4_rows(kind, data, fp, rows)
     qweight, qzeros, scales16 = _pack_columns(q.t()), _pack_columns(zeros.t()), scales.t().contiguous().half()
     # mins first: the loader makes the linear one with minimums when its first tensor says so
     out = {} if mins is None else {"mins": mins.t().contiguous().half()}

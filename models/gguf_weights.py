@@ -328,7 +328,7 @@ def iter_weights(file: GGUFFile, arch: str, n_heads: int, n_kv_heads: int, int4:
                                      "in % 32 == 0 and out % 8 == 0 -- use --quant awq or none")
             int4.add(tensor.kind)
             prefix = name.removesuffix(".weight")
-            read = _int4_reader(tensor, path, rows)
+            read = Int4Reader(tensor, path, rows)
             if on_use is not None:
                 on_use[prefix] = read
                 yield from ((f"{prefix}.{key}", t) for key, t in _int4_meta(tensor).items())
@@ -355,15 +355,31 @@ def _int4_meta(tensor: GGUFTensor) -> dict[str, torch.Tensor]:
     return {key: torch.empty(shape, dtype=dtype, device="meta") for key, (shape, dtype) in shapes.items()}
 
 
-def _int4_reader(tensor: GGUFTensor, path: Path, rows) -> Callable[[], dict[str, torch.Tensor]]:
-    def read() -> dict[str, torch.Tensor]:
-        from .gguf_int4 import FOUR_BIT, int4_tensors
+class Int4Reader:
+    """A decoder linear decoded from the mapped file when used: as Int4Linear's tensors (a call), or as the
+    integers row by row that the native step packs (`rows`: no round trip through the AWQ packing)."""
 
-        fp = None if tensor.kind in FOUR_BIT else dequantize(tensor, path)
-        out = int4_tensors(tensor.kind, tensor.data, fp, rows)
-        _drop_pages(tensor.data)
+    def __init__(self, tensor: GGUFTensor, path: Path, reorder: Callable[[torch.Tensor], torch.Tensor] | None
+                 ) -> None:
+        self.tensor, self.path, self.reorder = tensor, path, reorder
+
+    def __call__(self) -> dict[str, torch.Tensor]:
+        from .gguf_int4 import int4_tensors
+
+        return self._decode(int4_tensors)
+
+    def rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        from .gguf_int4 import int4_rows
+
+        return self._decode(int4_rows)
+
+    def _decode(self, convert):
+        from .gguf_int4 import FOUR_BIT
+
+        fp = None if self.tensor.kind in FOUR_BIT else dequantize(self.tensor, self.path)
+        out = convert(self.tensor.kind, self.tensor.data, fp, self.reorder)
+        _drop_pages(self.tensor.data)
         return out
-    return read
 
 
 def four_bit_types(path: str | Path) -> str | None:

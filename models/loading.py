@@ -27,6 +27,7 @@ from .transformer import Transformer, is_norm_weight, rope_frequencies
 
 if TYPE_CHECKING:
     from .gguf_int4 import Imported
+    from .quantize.int4_linear import Q4Rows, RowsReader
 
 INV_FREQ = "rotary_emb.inv_freq"  # our name (after `model.`) for stored rotary frequencies
 
@@ -58,7 +59,7 @@ def load_model(files: ModelFiles, dtype: torch.dtype = torch.float32,
             progress(Progress("load", 0, 0, "", f"reading the weights of {name or Path(files.path).name}"))
 
     if files.kind == "gguf":
-        from .gguf_weights import iter_weights, open_gguf
+        from .gguf_weights import Int4Reader, iter_weights, open_gguf
 
         file = open_gguf(files.path)
         config = ModelConfig.from_gguf(file)
@@ -71,7 +72,10 @@ def load_model(files: ModelFiles, dtype: torch.dtype = torch.float32,
 
         model = assemble(config, weights, dtype, device, str(files.path), GROUP if gguf_int4 is not None else None)
         if readers:
-            _attach_readers(model, {name: _checked(name, read, str(files.path)) for name, read in readers.items()})
+            source = str(files.path)
+            _attach_readers(model, {name: _checked(name, read, source) for name, read in readers.items()},
+                            {name: _checked_rows(name, read.rows, source) for name, read in readers.items()
+                             if isinstance(read, Int4Reader)})
         if gguf_int4 is not None and not gguf_int4.own:
             raise ModelLoadError(f"{files.path}: no decoder weight is stored 4-bit (Q4_0, Q4_1 or Q4_K) but "
                                  f"{gguf_int4.words().removeprefix('none + ')}; --quant gguf runs a file's own 4-bit "
@@ -247,15 +251,27 @@ def _checked(prefix: str, read: Callable[[], dict[str, torch.Tensor]], source: s
     return read_checked
 
 
-def _attach_readers(model: Transformer, readers: dict[str, Callable[[], dict[str, torch.Tensor]]]) -> None:
+def _checked_rows(prefix: str, rows: RowsReader, source: str) -> RowsReader:
+    """`rows` (`Int4Linear.q4_rows`'s form), its scales and minimums checked as `assemble` checks them."""
+    def rows_checked() -> Q4Rows:
+        q, zeros, scales, mins = rows()
+        _check_values(f"{prefix}.scales", scales, source, True)
+        if mins is not None:
+            _check_values(f"{prefix}.mins", mins, source, True)
+        return q, zeros, scales, mins
+    return rows_checked
+
+
+def _attach_readers(model: Transformer, readers: dict[str, Callable[[], dict[str, torch.Tensor]]],
+                    rows: dict[str, RowsReader] | None = None) -> None:
     """Give each INT4 linear left on the meta device, and an untied head, its reader (`readers`, by module
-    name; models/read_on_use.py)."""
+    name; models/read_on_use.py), and a linear its reader of row-major integers where `rows` has one."""
     from .quantize.int4_linear import Int4Linear
     from .read_on_use import HeadOnUse
 
     for prefix, module in model.named_modules():
         if isinstance(module, Int4Linear) and prefix in readers:
-            module.read_on_use(readers[prefix])
+            module.read_on_use(readers[prefix], (rows or {}).get(prefix))
     if "lm_head" in readers and not model.config.tie_embeddings:  # a tied file's copy is skipped
         held = model.lm_head.weight
         head = HeadOnUse(held.shape[1], held.shape[0], bias=False, device="meta", dtype=held.dtype)

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from ..kernels import native
 from . import native_forward
+from .errors import ModelLoadError
 from .progress import Progress, ProgressFn
 from .quantize.int4_linear import Int4Linear
 from .quantize.pack import quantize_weight
@@ -34,18 +35,11 @@ from .transformer import KVCache, Transformer
 log = logging.getLogger(__name__)
 
 
-def _q4_parts(m: Int4Linear) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """q, zeros, scales [.., N] in natural column order, and the minimums (zero where it has none)."""
-    mins = m.mins if m.has_mins else torch.zeros_like(m.scales)
-    return (*native.awq_to_q4(m.qweight, m.qzeros, m.scales), mins)
-
-
-def _interleave16(a: Tensor, b: Tensor, dim: int) -> Tensor:
-    """[.., I, ..] twice -> [.., 2I, ..] as a[0:16], b[0:16], a[16:32], ... along `dim` (gate/up pairs)."""
-    a, b = a.movedim(dim, 0), b.movedim(dim, 0)
+def _interleave16(a: Tensor, b: Tensor) -> Tensor:
+    """[I, ..] twice -> [2I, ..] as a[0:16], b[0:16], a[16:32], ... (gate/up pairs, by output row)."""
     n = a.shape[0]
     out = torch.stack((a.reshape(n // 16, 16, *a.shape[1:]), b.reshape(n // 16, 16, *b.shape[1:])), dim=1)
-    return out.reshape(2 * n, *a.shape[1:]).movedim(0, dim)
+    return out.reshape(2 * n, *a.shape[1:])
 
 
 class NativeUnavailable(Exception):
@@ -95,6 +89,8 @@ class NativeStep:
                 log.warning("ignoring the cached CPU layout in %s (%s); repacking", packed_dir, e)
                 packed = None
                 step = cls(model, lib, head_bits, progress=progress, head_gram=head_gram)
+        except ModelLoadError:  # a damaged checkpoint read on use: no other path would run it
+            raise
         except ValueError as e:
             raise NativeUnavailable(str(e)) from None
         if key and packed is None and step.packed:
@@ -286,14 +282,15 @@ class NativeStep:
             with_mins = any(m.has_mins for m in mods)  # GGUF's Q4_1/Q4_K; zeros for the others
 
             def pack() -> dict[str, Tensor]:
-                parts = [_q4_parts(m) for m in mods]
+                parts = [(q, z, s, torch.zeros_like(s) if mn is None else mn)
+                         for q, z, s, mn in (m.q4_rows() for m in mods)]
                 for m in mods:  # the packed copy is what runs: a module that can read its weights again lets go
                     m.release()
                 if interleave:
-                    q, z, s, mn = (_interleave16(parts[0][j], parts[1][j], 1) for j in range(4))
+                    q, z, s, mn = (_interleave16(parts[0][j], parts[1][j]) for j in range(4))
                 else:
-                    q, z, s, mn = (torch.cat([p[j] for p in parts], dim=1) for j in range(4))
-                return native.pack_q4(q, z, s, group, mn if with_mins else None)
+                    q, z, s, mn = (torch.cat([p[j] for p in parts]) for j in range(4))
+                return native.pack_q4_rows(q, z, s, group, mn if with_mins else None)
 
             if K % 64 or group % 32 or (group % 64 and group != 32):
                 raise ValueError(f"the native step needs in_features ({K}) divisible by 64 and a group size of 32 "

@@ -93,7 +93,7 @@ def test_rows_are_bitwise_independent_of_the_pass_length() -> None:
 def test_gate_up_interleave_pairs_columns() -> None:
     a = torch.arange(32 * 3).reshape(32, 3)
     b = -a
-    out = _interleave16(a, b, 0)
+    out = _interleave16(a, b)
     assert torch.equal(out[:16], a[:16]) and torch.equal(out[16:32], b[:16]) and torch.equal(out[32:48], a[16:])
 
 

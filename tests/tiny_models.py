@@ -91,13 +91,14 @@ def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 
 def write_gguf(path: Path, model, config: dict, override_type: dict | None = None,
-               rope_freqs: torch.Tensor | None = None, linears_as=None) -> Path:
+               rope_freqs: torch.Tensor | None = None, linears_as=None, linear_kinds=None) -> Path:
     """`model` as llama.cpp's converter would write it (F32 tensors), with a byte-level tokenizer.
 
     `override_type` maps a GGUF tensor name to a GGMLQuantizationType to store it as raw bytes of that
     type instead (to test types Parley cannot read). `rope_freqs`: the per-frequency divisors the converter
     writes for llama3-style rope scaling. `linears_as`: a GGMLQuantizationType the decoder's linears are
-    quantized to by gguf.quants (e.g. Q4_0, Q4_1), as a quantized GGUF stores them.
+    quantized to by gguf.quants (e.g. Q4_0, Q4_1), as a quantized GGUF stores them; `linear_kinds` maps a
+    projection's name ("v_proj") to the type it is stored in instead (a file that mixes types, as Q4_K_M does).
     """
     import gguf
     import numpy as np
@@ -144,7 +145,8 @@ def write_gguf(path: Path, model, config: dict, override_type: dict | None = Non
             t = llama_cpp_permute(t, c.num_key_value_heads)
         qtype = (override_type or {}).get(gname)
         if linears_as is not None and stem.startswith("layers.") and stem.endswith("_proj") and kind == "weight":
-            w.add_tensor(gname, gguf.quants.quantize(t.numpy(), linears_as), raw_dtype=linears_as)
+            as_kind = (linear_kinds or {}).get(stem.rsplit(".", 1)[1], linears_as)
+            w.add_tensor(gname, gguf.quants.quantize(t.numpy(), as_kind), raw_dtype=as_kind)
         elif qtype is None:
             w.add_tensor(gname, t.numpy())
         else:

@@ -7,6 +7,7 @@ leaves them) and the forward calls the kernels, which own speed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -15,6 +16,9 @@ from torch import Tensor, nn
 from ... import kernels
 from ..read_on_use import ReadOnUse
 from .pack import Bounds, pack_awq, quantize_weight
+
+Q4Rows = tuple[Tensor, Tensor, Tensor, Tensor | None]  # Int4Linear.q4_rows
+RowsReader = Callable[[], Q4Rows]
 
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -79,6 +83,24 @@ class Int4Linear(ReadOnUse, nn.Module):
     @property
     def has_mins(self) -> bool:
         return "mins" in self._buffers
+
+    def read_on_use(self, read: Callable[[], dict[str, Tensor]], rows: RowsReader | None = None) -> None:
+        """`ReadOnUse.read_on_use`; `rows` reads the checkpoint's integers as `q4_rows` gives them, where the
+        checkpoint stores them so (a GGUF's 4-bit blocks)."""
+        super().read_on_use(read)
+        self.__dict__["_read_rows"] = rows
+
+    def q4_rows(self) -> Q4Rows:
+        """(q uint8 [out, in], zero points, scales, minimums [out, in/group]; minimums None where it has none):
+        the integers row by row, what the native step packs. A module not yet read, whose checkpoint stores
+        that form, reads it from there without a round trip through the AWQ packing (a GGUF's 4-bit blocks:
+        that round trip was most of a start's time)."""
+        rows = self.__dict__.get("_read_rows")
+        if rows is not None and self._buffers["qweight"].is_meta:
+            return rows()
+        q, z = kernels.reference.unpack_int4(self.qweight).t(), kernels.reference.unpack_int4(self.qzeros).t()
+        s = self.scales.t()
+        return q, z, s, self.mins.t() if self.has_mins else None
 
     def _released(self) -> None:
         self._prepared = None
