@@ -290,7 +290,8 @@ def quantize_q8_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
 
 def pack_q8(weight: Tensor) -> dict[str, Tensor]:
     """A dense [N, K] weight -> the int8 head's column-block layout: per 16 columns and 64 inputs, 16 vectors
-    of 64 bytes, byte 4n + j of vector t = w[n][4t + j] + 128 (unsigned, for VNNI); N padded to 16."""
+    of 64 bytes, byte 4n + j of vector t = w[n][4t + j] + 128 (unsigned, for VNNI); N padded to 16.
+    `weight` is read by `.shape` and row slices only: a weight read from its file block by block will do."""
     N, K = weight.shape
     if K % 64:
         raise ValueError(f"the native head needs a hidden size divisible by 64, not {K}")

@@ -276,10 +276,24 @@ def dequantize(tensor: GGUFTensor, path: Path) -> torch.Tensor:
         _drop_pages(data)
         return torch.from_numpy(out)
     except NotImplementedError:
-        raise ModelLoadError(
-            f"{path}: tensor {tensor.name} is stored as {kind.name}, which Parley cannot dequantize; "
-            "use a GGUF of type F32, F16, BF16, Q4_0/1, Q5_0/1, Q8_0, a K-quant (Q2_K..Q6_K) or an IQ type"
-        ) from None
+        raise _cannot_dequantize(tensor, path) from None
+
+
+def dequantize_rows(tensor: GGUFTensor, path: Path, start: int, stop: int) -> torch.Tensor:
+    """Rows start..stop of a matrix as fp32 (a copy), their file pages dropped after."""
+    data = tensor.data[start:stop]
+    try:
+        out = np.array(gguf.quants.dequantize(data, tensor.kind), dtype=np.float32, copy=True)
+    except NotImplementedError:
+        raise _cannot_dequantize(tensor, path) from None
+    _drop_pages(data)
+    return torch.from_numpy(out.reshape(stop - start, tensor.shape[-1]))
+
+
+def _cannot_dequantize(tensor: GGUFTensor, path: Path) -> ModelLoadError:
+    return ModelLoadError(
+        f"{path}: tensor {tensor.name} is stored as {tensor.kind.name}, which Parley cannot dequantize; "
+        "use a GGUF of type F32, F16, BF16, Q4_0/1, Q5_0/1, Q8_0, a K-quant (Q2_K..Q6_K) or an IQ type")
 
 
 DEQUANT_ROWS = 8192
@@ -336,7 +350,7 @@ def iter_weights(file: GGUFFile, arch: str, n_heads: int, n_kv_heads: int, int4:
             yield from ((f"{prefix}.{key}", t) for key, t in read().items())
             continue
         if on_use is not None and int4 is not None and name == "lm_head.weight":
-            on_use["lm_head"] = lambda t=tensor: {"weight": dequantize(t, path)}
+            on_use["lm_head"] = HeadReader(tensor, path)
             yield name, torch.empty(tensor.shape, dtype=torch.float32, device="meta")
             continue
         w = dequantize(tensor, path)
@@ -353,6 +367,20 @@ def _int4_meta(tensor: GGUFTensor) -> dict[str, torch.Tensor]:
     if tensor.kind in WITH_MINS:  # first, as int4_tensors yields them
         shapes = {"mins": ((inp // GROUP, out), torch.float16), **shapes}
     return {key: torch.empty(shape, dtype=dtype, device="meta") for key, (shape, dtype) in shapes.items()}
+
+
+class HeadReader:
+    """An untied output head decoded from the mapped file when used: whole (a call, as `ReadOnUse` reads), or a
+    row block at a time (`row_block`: what the native step's int8 packing reads)."""
+
+    def __init__(self, tensor: GGUFTensor, path: Path) -> None:
+        self.tensor, self.path = tensor, path
+
+    def __call__(self) -> dict[str, torch.Tensor]:
+        return {"weight": dequantize(self.tensor, self.path)}
+
+    def row_block(self, start: int, stop: int) -> torch.Tensor:
+        return dequantize_rows(self.tensor, self.path, start, stop)
 
 
 class Int4Reader:

@@ -59,7 +59,7 @@ def load_model(files: ModelFiles, dtype: torch.dtype = torch.float32,
             progress(Progress("load", 0, 0, "", f"reading the weights of {name or Path(files.path).name}"))
 
     if files.kind == "gguf":
-        from .gguf_weights import Int4Reader, iter_weights, open_gguf
+        from .gguf_weights import HeadReader, Int4Reader, iter_weights, open_gguf
 
         file = open_gguf(files.path)
         config = ModelConfig.from_gguf(file)
@@ -73,9 +73,12 @@ def load_model(files: ModelFiles, dtype: torch.dtype = torch.float32,
         model = assemble(config, weights, dtype, device, str(files.path), GROUP if gguf_int4 is not None else None)
         if readers:
             source = str(files.path)
+            head = readers.get("lm_head")
             _attach_readers(model, {name: _checked(name, read, source) for name, read in readers.items()},
                             {name: _checked_rows(name, read.rows, source) for name, read in readers.items()
-                             if isinstance(read, Int4Reader)})
+                             if isinstance(read, Int4Reader)},
+                            _checked_block("lm_head.weight", head.row_block, source)
+                            if isinstance(head, HeadReader) else None)
         if gguf_int4 is not None and not gguf_int4.own:
             raise ModelLoadError(f"{files.path}: no decoder weight is stored 4-bit (Q4_0, Q4_1 or Q4_K) but "
                                  f"{gguf_int4.words().removeprefix('none + ')}; --quant gguf runs a file's own 4-bit "
@@ -262,10 +265,22 @@ def _checked_rows(prefix: str, rows: RowsReader, source: str) -> RowsReader:
     return rows_checked
 
 
+def _checked_block(name: str, row_block: Callable[[int, int], torch.Tensor], source: str
+                   ) -> Callable[[int, int], torch.Tensor]:
+    """`row_block` (rows r0..r1 of a weight), each block checked as `assemble` checks a whole weight."""
+    def block_checked(start: int, stop: int) -> torch.Tensor:
+        block = row_block(start, stop)
+        _check_values(name, block, source, True)
+        return block
+    return block_checked
+
+
 def _attach_readers(model: Transformer, readers: dict[str, Callable[[], dict[str, torch.Tensor]]],
-                    rows: dict[str, RowsReader] | None = None) -> None:
+                    rows: dict[str, RowsReader] | None = None,
+                    head_rows: Callable[[int, int], torch.Tensor] | None = None) -> None:
     """Give each INT4 linear left on the meta device, and an untied head, its reader (`readers`, by module
-    name; models/read_on_use.py), and a linear its reader of row-major integers where `rows` has one."""
+    name; models/read_on_use.py); a linear its reader of row-major integers where `rows` has one, and the head
+    its reader of row blocks (`head_rows`) where the checkpoint has one."""
     from .quantize.int4_linear import Int4Linear
     from .read_on_use import HeadOnUse
 
@@ -275,7 +290,7 @@ def _attach_readers(model: Transformer, readers: dict[str, Callable[[], dict[str
     if "lm_head" in readers and not model.config.tie_embeddings:  # a tied file's copy is skipped
         held = model.lm_head.weight
         head = HeadOnUse(held.shape[1], held.shape[0], bias=False, device="meta", dtype=held.dtype)
-        head.read_on_use(readers["lm_head"])
+        head.read_on_use(readers["lm_head"], head_rows)
         model.lm_head = head
 
 

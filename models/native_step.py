@@ -29,7 +29,7 @@ from .errors import ModelLoadError
 from .progress import Progress, ProgressFn
 from .quantize.int4_linear import Int4Linear
 from .quantize.pack import quantize_weight
-from .read_on_use import ReadOnUse
+from .read_on_use import HeadOnUse, ReadOnUse, RowBlocks
 from .transformer import KVCache, Transformer
 
 log = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ class NativeStep:
             if c.dim % 64:
                 raise ValueError(f"the native head needs a hidden size divisible by 64, not {c.dim}")
             Np = (c.vocab_size + 15) // 16 * 16
-            h = self._packed("head", lambda: native.pack_q8(self._read_head(head_module)),
+            h = self._packed("head", lambda: native.pack_q8(self._read_head(head_module, blocks=True)),
                              {"q": ((Np // 16, c.dim // 64, 16, 16, 4), torch.uint8),
                               "s": ((c.vocab_size,), torch.float32)})
             head = native.lin(native.W_Q8, c.vocab_size, c.dim, 0, q=self._keep(h["q"]), s=self._keep(h["s"]))
@@ -211,8 +211,11 @@ class NativeStep:
         return step
 
     @staticmethod
-    def _read_head(module: nn.Module) -> Tensor:
-        """The head's weight for packing; a head read on use (models/read_on_use.py) lets go of it again after."""
+    def _read_head(module: nn.Module, blocks: bool = False) -> Tensor | RowBlocks:
+        """The head's weight for packing; a head read on use (models/read_on_use.py) lets go of it again after.
+        `blocks` (a packer that walks the rows in blocks): one whose checkpoint reads row blocks is read so."""
+        if blocks and isinstance(module, HeadOnUse):
+            return module.row_blocks()
         weight = module.weight
         if isinstance(module, ReadOnUse):
             module.release()

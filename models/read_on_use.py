@@ -65,7 +65,39 @@ class ReadOnUse:
             store[name] = nn.Parameter(t, requires_grad=False) if isinstance(held, nn.Parameter) else t
 
 
+class RowBlocks:
+    """A [rows, cols] weight not held, read from the checkpoint a row block at a time (`blocks[r0:r1]`): for a
+    packer that walks its rows in blocks anyway (`kernels.native.pack_q8`), so that the whole fp32 weight (2.1
+    GB for an 8B head) is never held at once."""
+
+    def __init__(self, shape: torch.Size, read: Callable[[int, int], Tensor]) -> None:
+        self.shape, self._read = shape, read
+
+    def __getitem__(self, rows: slice) -> Tensor:
+        start, stop, step = rows.indices(self.shape[0])
+        if step != 1:
+            raise ValueError("RowBlocks reads contiguous row ranges")
+        return self._read(start, stop)
+
+
 class HeadOnUse(ReadOnUse, nn.Linear):
     """The output head (an untied nn.Linear), its weight read on use."""
 
     ON_USE = ("weight",)
+
+    def read_on_use(self, read: Callable[[], dict[str, Tensor]],
+                    row_block: Callable[[int, int], Tensor] | None = None) -> None:
+        """`ReadOnUse.read_on_use`; `row_block(r0, r1)` reads rows r0..r1 of the weight alone, where the
+        checkpoint can (a GGUF's head)."""
+        super().read_on_use(read)
+        self.__dict__["_row_block"] = row_block
+
+    def row_blocks(self) -> Tensor | RowBlocks:
+        """The weight for a packer that reads it in row blocks: rows read block by block while it is not held
+        and the checkpoint can read them so, else the weight itself (read whole, then let go)."""
+        held, row_block = self._parameters["weight"], self.__dict__.get("_row_block")
+        if held is not None and held.is_meta and row_block is not None:
+            return RowBlocks(held.shape, row_block)
+        weight = self.weight
+        self.release()
+        return weight

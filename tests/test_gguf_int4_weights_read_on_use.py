@@ -11,6 +11,7 @@ import pytest
 import torch
 from tiny_models import reference_model, tiny_config, write_gguf
 
+from parley.kernels import native
 from parley.models.errors import ModelLoadError
 from parley.models.gguf_int4 import Imported
 from parley.models.gguf_weights import open_gguf
@@ -39,9 +40,12 @@ def held(lin: Int4Linear) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize(("kind", "mixed"), [(T.Q4_0, None), (T.Q4_1, None), (T.Q4_1, MIXED)])
 @torch.no_grad()
-def test_read_on_use_gives_the_imported_tensors_and_the_same_native_logits(tmp_path, kind: T, mixed) -> None:
+def test_read_on_use_gives_the_imported_tensors_and_the_same_native_logits(tmp_path, kind: T, mixed,
+                                                                          monkeypatch) -> None:
     """The eager load packs the AWQ tensors it imported; the lazy one packs the integers read row by row from
-    the file (`Int4Linear.q4_rows`, no AWQ round trip): the same logits, bit for bit."""
+    the file (`Int4Linear.q4_rows`, no AWQ round trip), and the head from row blocks read one at a time: the same
+    logits, bit for bit."""
+    monkeypatch.setattr(native, "Q8_ROWS", 48)  # the tiny head's 259 rows in six blocks, the last one short
     files = resolve(str(tiny_gguf(tmp_path, kind, mixed)))
     eager = load_model(files, gguf_int4=Imported())
     lazy = load_model(files, gguf_int4=Imported(), int4_on_use=True)
@@ -95,4 +99,21 @@ def test_a_nan_scale_is_refused_when_the_native_step_packs_it(tmp_path) -> None:
     path.write_bytes(bytes(raw))
     lazy = load_model(resolve(str(path)), gguf_int4=Imported(), int4_on_use=True)
     with pytest.raises(ModelLoadError, match=r"layers\.1\.mlp\.up_proj\.scales.*NaN"):
+        NativeStep.for_model(lazy, head_bits=8)
+
+
+def test_a_nan_in_the_head_is_refused_when_its_row_block_is_packed(tmp_path) -> None:
+    """The int8 head is packed from row blocks read one at a time: each block is checked as the whole weight
+    would be."""
+    path = tiny_gguf(tmp_path, T.Q4_0)
+    head = next(t for t in open_gguf(path).tensors if t.name == "output.weight")
+    assert head.kind == T.F32
+    row = head.data[200].tobytes()
+    raw = bytearray(path.read_bytes())
+    at = raw.find(row)
+    assert at > 0 and raw.find(row, at + 1) < 0, "the row is not unique in the file"
+    raw[at + 4 * 7 : at + 4 * 8] = np.array([np.nan], dtype=np.float32).tobytes()
+    path.write_bytes(bytes(raw))
+    lazy = load_model(resolve(str(path)), gguf_int4=Imported(), int4_on_use=True)
+    with pytest.raises(ModelLoadError, match=r"lm_head\.weight.*NaN"):
         NativeStep.for_model(lazy, head_bits=8)
