@@ -250,7 +250,7 @@ def pack_q4_rows(q: Tensor, zeros: Tensor, scales: Tensor, group_size: int,
     padded to a multiple of 16 with zero columns. Groups of 32 (GGUF's Q4 formats) and a float minimum per
     group (`mins`, fp16 numbers, W = (q - z) * s + m: key "m16") are read by the products in blocks of 32.
     Rows in, as GGUF stores a weight: a uint8 matrix is never transposed (a byte-strided copy, the slowest
-    step of a start on a GGUF's own blocks when it was).
+    step a start on a GGUF's own blocks would otherwise take).
     """
     N, K = q.shape
     if K % 64 or group_size % 32 or (group_size % 64 and group_size != 32):

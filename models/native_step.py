@@ -214,8 +214,8 @@ class NativeStep:
     def _read_head(module: nn.Module, blocks: bool = False) -> Tensor | RowBlocks:
         """The head's weight for packing; a head read on use (models/read_on_use.py) lets go of it again after.
         `blocks` (a packer that walks the rows in blocks): one whose checkpoint reads row blocks is read so."""
-        if blocks and isinstance(module, HeadOnUse):
-            return module.row_blocks()
+        if blocks and isinstance(module, HeadOnUse) and (rows := module.row_blocks()) is not None:
+            return rows
         weight = module.weight
         if isinstance(module, ReadOnUse):
             module.release()

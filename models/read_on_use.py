@@ -92,12 +92,9 @@ class HeadOnUse(ReadOnUse, nn.Linear):
         super().read_on_use(read)
         self.__dict__["_row_block"] = row_block
 
-    def row_blocks(self) -> Tensor | RowBlocks:
-        """The weight for a packer that reads it in row blocks: rows read block by block while it is not held
-        and the checkpoint can read them so, else the weight itself (read whole, then let go)."""
+    def row_blocks(self) -> RowBlocks | None:
+        """The weight read block by block, while it is not held and the checkpoint can read it so; else None."""
         held, row_block = self._parameters["weight"], self.__dict__.get("_row_block")
         if held is not None and held.is_meta and row_block is not None:
             return RowBlocks(held.shape, row_block)
-        weight = self.weight
-        self.release()
-        return weight
+        return None
