@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -136,21 +137,27 @@ class Engine:
             config = load_config(files)
             if not config.quantization:  # an AWQ folder's linears are INT4 whatever dtype its other tensors get
                 dtype = weights_dtype(config, dev, str(files.path), files)
-        model = load_model(files, dtype=dtype, device=dev, progress=progress, name=name, gguf_int4=imported,
-                           int4_on_use=native)  # the native step runs its own copy (`Int4Linear.read_on_use`)
-        if imported is not None:
-            quantization = f"gguf-int4:{imported.words()}"
-        if quantization == "none" and model.config.quantization:
-            quantization = f"{model.config.quantization.get('quant_method', 'quantized')}-int4"
+        from ..models import native_cache
         from ..models.device_prep import prepare_for_device
         from ..models.quantize.head4 import head_calibration
         from .threads import configure_threads
 
-        configure_threads(threads)
-        # On the CPU the native step: one call per pass, integer dot products, batch invariant.
-        step = prepare_for_device(model, native=native, progress=progress,
-                                  packed_dir=files.path if files.kind == "dir" else None,
-                                  calibration=lambda: head_calibration(tokenizer))
+        with ThreadPoolExecutor(1) as side:
+            # Where the native layout is cached: for a GGUF that hashes the file (seconds at 8B), on a second
+            # thread while the model loads (hashlib lets go of the GIL).
+            cpu_step = native and dev.type == "cpu"
+            place = side.submit(native_cache.place_of, files, imported is not None) if cpu_step else None
+            model = load_model(files, dtype=dtype, device=dev, progress=progress, name=name, gguf_int4=imported,
+                               int4_on_use=native)  # the native step runs its own copy (`Int4Linear.read_on_use`)
+            configure_threads(threads)
+            # On the CPU the native step: one call per pass, integer dot products, batch invariant.
+            step = prepare_for_device(model, native=native, progress=progress,
+                                      place=place.result() if place is not None else None,
+                                      calibration=lambda: head_calibration(tokenizer))
+        if imported is not None:
+            quantization = f"gguf-int4:{imported.words()}"
+        if quantization == "none" and model.config.quantization:
+            quantization = f"{model.config.quantization.get('quant_method', 'quantized')}-int4"
         drafter: Drafter | None = None
         if draft:
             from .speculative import load_draft

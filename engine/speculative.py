@@ -18,6 +18,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from ..models import native_cache
 from ..models.device_prep import prepare_for_device
 from ..models.native_step import NativeStep
 from ..models.transformer import Transformer
@@ -415,6 +416,6 @@ def load_draft(spec: str, target: Transformer, target_files, tokenizer, *, progr
         files = resolve(spec, progress=progress)
         draft_tokenizer = load_tokenizer(files)
     model = load_model(files, dtype=weight.dtype, device=weight.device, int4_on_use=native)
+    place = native_cache.place_of(files) if native and weight.device.type == "cpu" else None
     return DraftModel(model, draft_tokenizer, tokenizer, vocab_size=target.config.vocab_size, name=spec,
-                      native=prepare_for_device(model, native=native, progress=progress,
-                                                packed_dir=files.path if files.kind == "dir" else None))
+                      native=prepare_for_device(model, native=native, progress=progress, place=place))

@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 from torch import Tensor, nn
 
+from . import native_cache
 from .native_step import NativeStep, NativeUnavailable
 from .progress import ProgressFn
 from .quantize.int4_linear import Int4Linear
@@ -28,15 +28,14 @@ def is_int4(model: nn.Module) -> bool:
     return any(isinstance(m, Int4Linear) for m in model.modules())
 
 
-def prepare_for_device(model: Transformer, *, native: bool = True, packed_dir: Path | None = None,
+def prepare_for_device(model: Transformer, *, native: bool = True, place: native_cache.Place | None = None,
                        progress: ProgressFn | None = None,
                        calibration: Callable[[], Tensor] | None = None) -> NativeStep | None:
     """Make `model` fast on its device; returns the native step when it runs on one (else None).
 
     Idempotent: a model sharing already prepared modules (a self-draft's layers) is left as it is.
     `native=False` keeps the PyTorch path (e.g. a bench that must run the modules themselves).
-    `packed_dir`: the AWQ folder in the Parley cache the model came from, where the native step's
-    repacked weights are cached (models/native_cache.py).
+    `place`: where the native step's repacked weights are cached (`native_cache.place_of`).
     `calibration`: token ids [n, T] of real text, asked for only when a 4-bit head is packed (GPTQ rounds it
     against the model's hidden states on them, else it is rounded to nearest). The head of an INT4 model is
     int8 rows; PARLEY_HEAD_BITS=4 opts into the 4-bit head (docs/quantization.md, "The output head").
@@ -54,7 +53,7 @@ def prepare_for_device(model: Transformer, *, native: bool = True, packed_dir: P
             def gram() -> Tensor:
                 return final_hidden_gram(model, calibration())
         try:
-            return NativeStep.for_model(model, head_bits=head_bits, packed_dir=packed_dir,
+            return NativeStep.for_model(model, head_bits=head_bits, place=place,
                                         progress=progress, head_gram=gram)
         except NativeUnavailable as e:
             log.info("the native CPU step is off for this model (%s): the PyTorch path runs", e)

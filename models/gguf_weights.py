@@ -349,8 +349,8 @@ def iter_weights(file: GGUFFile, arch: str, n_heads: int, n_kv_heads: int, int4:
                 continue
             yield from ((f"{prefix}.{key}", t) for key, t in read().items())
             continue
-        if on_use is not None and int4 is not None and name == "lm_head.weight":
-            on_use["lm_head"] = HeadReader(tensor, path)
+        if on_use is not None and int4 is not None and name in ("lm_head.weight", "embed_tokens.weight"):
+            on_use[name.removesuffix(".weight")] = MatrixReader(tensor, path)
             yield name, torch.empty(tensor.shape, dtype=torch.float32, device="meta")
             continue
         w = dequantize(tensor, path)
@@ -369,9 +369,10 @@ def _int4_meta(tensor: GGUFTensor) -> dict[str, torch.Tensor]:
     return {key: torch.empty(shape, dtype=dtype, device="meta") for key, (shape, dtype) in shapes.items()}
 
 
-class HeadReader:
-    """An untied output head decoded from the mapped file when used: whole (a call, as `ReadOnUse` reads), or a
-    row block at a time (`row_block`: what the native step's int8 packing reads)."""
+class MatrixReader:
+    """An untied output head or the embedding table, decoded from the mapped file when used: whole (a call, as
+    `ReadOnUse` reads), a row block at a time (`row_block`: what the native step's int8 head packing reads), or
+    the rows of some token ids (`lookup`: an embedding's)."""
 
     def __init__(self, tensor: GGUFTensor, path: Path) -> None:
         self.tensor, self.path = tensor, path
@@ -381,6 +382,16 @@ class HeadReader:
 
     def row_block(self, start: int, stop: int) -> torch.Tensor:
         return dequantize_rows(self.tensor, self.path, start, stop)
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` [n] as fp32 [n, cols], decoded as `dequantize` decodes them (bitwise the same values: the
+        block decoders work block by block). Their file pages stay mapped: a reply's tokens come back."""
+        data = self.tensor.data[ids.numpy()]  # a copy of those rows' blocks
+        try:
+            out = gguf.quants.dequantize(data, self.tensor.kind)
+        except NotImplementedError:
+            raise _cannot_dequantize(self.tensor, self.path) from None
+        return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32).reshape(len(ids), self.tensor.shape[-1]))
 
 
 class Int4Reader:

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
@@ -59,26 +59,27 @@ def load_model(files: ModelFiles, dtype: torch.dtype = torch.float32,
             progress(Progress("load", 0, 0, "", f"reading the weights of {name or Path(files.path).name}"))
 
     if files.kind == "gguf":
-        from .gguf_weights import HeadReader, Int4Reader, iter_weights, open_gguf
+        from .gguf_weights import Int4Reader, MatrixReader, iter_weights, open_gguf
 
         file = open_gguf(files.path)
         config = ModelConfig.from_gguf(file)
         reading()
         readers: dict[str, Callable[[], dict[str, torch.Tensor]]] | None = None
         if int4_on_use and gguf_int4 is not None and torch.device(device).type == "cpu" and dtype == torch.float32:
-            readers = {}  # the decoder's INT4 tensors and an untied head, decoded from the mapped file on use
+            readers = {}  # the decoder's INT4 tensors, an untied head and the table, decoded from the file on use
         weights = iter_weights(file, config.arch, config.n_heads, config.n_kv_heads, gguf_int4, readers)
         from .gguf_int4 import GROUP
 
         model = assemble(config, weights, dtype, device, str(files.path), GROUP if gguf_int4 is not None else None)
         if readers:
             source = str(files.path)
-            head = readers.get("lm_head")
             _attach_readers(model, {name: _checked(name, read, source) for name, read in readers.items()},
                             {name: _checked_rows(name, read.rows, source) for name, read in readers.items()
                              if isinstance(read, Int4Reader)},
-                            _checked_block("lm_head.weight", head.row_block, source)
-                            if isinstance(head, HeadReader) else None)
+                            {name: _checked_block(f"{name}.weight", read.row_block, source)
+                             for name, read in readers.items() if isinstance(read, MatrixReader)},
+                            _checked_block("embed_tokens.weight", table.lookup, source)
+                            if isinstance(table := readers.get("embed_tokens"), MatrixReader) else None)
         if gguf_int4 is not None and not gguf_int4.own:
             raise ModelLoadError(f"{files.path}: no decoder weight is stored 4-bit (Q4_0, Q4_1 or Q4_K) but "
                                  f"{gguf_int4.words().removeprefix('none + ')}; --quant gguf runs a file's own 4-bit "
@@ -265,11 +266,11 @@ def _checked_rows(prefix: str, rows: RowsReader, source: str) -> RowsReader:
     return rows_checked
 
 
-def _checked_block(name: str, row_block: Callable[[int, int], torch.Tensor], source: str
-                   ) -> Callable[[int, int], torch.Tensor]:
-    """`row_block` (rows r0..r1 of a weight), each block checked as `assemble` checks a whole weight."""
-    def block_checked(start: int, stop: int) -> torch.Tensor:
-        block = row_block(start, stop)
+def _checked_block(name: str, read: Callable[..., torch.Tensor], source: str) -> Callable[..., torch.Tensor]:
+    """`read` (some rows of a weight: r0..r1, or those of some token ids), each block checked as `assemble`
+    checks a whole weight."""
+    def block_checked(*rows: Any) -> torch.Tensor:
+        block = read(*rows)
         _check_values(name, block, source, True)
         return block
     return block_checked
@@ -277,20 +278,30 @@ def _checked_block(name: str, row_block: Callable[[int, int], torch.Tensor], sou
 
 def _attach_readers(model: Transformer, readers: dict[str, Callable[[], dict[str, torch.Tensor]]],
                     rows: dict[str, RowsReader] | None = None,
-                    head_rows: Callable[[int, int], torch.Tensor] | None = None) -> None:
-    """Give each INT4 linear left on the meta device, and an untied head, its reader (`readers`, by module
-    name; models/read_on_use.py); a linear its reader of row-major integers where `rows` has one, and the head
-    its reader of row blocks (`head_rows`) where the checkpoint has one."""
+                    blocks: dict[str, Callable[[int, int], torch.Tensor]] | None = None,
+                    lookup: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+    """Give each INT4 linear left on the meta device, an untied head and an embedding left there (a GGUF's) its
+    reader (`readers`, by module name; models/read_on_use.py); a linear its reader of row-major integers where
+    `rows` has one, the head and the embedding their readers of row blocks (`blocks`) where the checkpoint has
+    them, and the embedding its reader of looked-up rows (`lookup`). A tied head left on the meta device reads the
+    table, as the table does."""
     from .quantize.int4_linear import Int4Linear
-    from .read_on_use import HeadOnUse
+    from .read_on_use import EmbeddingOnUse, HeadOnUse
 
+    blocks = blocks or {}
     for prefix, module in model.named_modules():
         if isinstance(module, Int4Linear) and prefix in readers:
             module.read_on_use(readers[prefix], (rows or {}).get(prefix))
-    if "lm_head" in readers and not model.config.tie_embeddings:  # a tied file's copy is skipped
+    if "embed_tokens" in readers:
+        held = model.embed_tokens.weight
+        table = EmbeddingOnUse(held.shape[0], held.shape[1], device="meta", dtype=held.dtype)
+        table.read_on_use(readers["embed_tokens"], blocks.get("embed_tokens"), lookup)
+        model.embed_tokens = table
+    head_of = "embed_tokens" if model.config.tie_embeddings else "lm_head"  # a tied file's own copy is skipped
+    if head_of in readers:
         held = model.lm_head.weight
         head = HeadOnUse(held.shape[1], held.shape[0], bias=False, device="meta", dtype=held.dtype)
-        head.read_on_use(readers["lm_head"], head_rows)
+        head.read_on_use(readers[head_of], blocks.get(head_of))
         model.lm_head = head
 
 

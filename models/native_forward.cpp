@@ -67,7 +67,8 @@ struct Model {
     float embed_scale;       // embeddings times this (Gemma: sqrt(dim)); 0: not scaled
     float attn_scale;        // softmax scale of q.k; 0: 1/sqrt(head_dim)
     int32_t act;             // the MLP's gate activation: 0 SiLU (SwiGLU), 1 tanh-approximated GELU (GeGLU)
-    int32_t embed_dtype;     // 0 fp32; 1 bf16, 2 fp16: a table held as stored, each looked-up row widened (exactly)
+    int32_t embed_dtype;     // 0 fp32; 1 bf16, 2 fp16: a table held as stored, each looked-up row widened (exactly);
+                             // 3: no table, `embed` is this pass's rows [M][dim] fp32 (a GGUF table's, decoded)
 };
 
 // One pass over the rows of `nseq` sequences: sequence s has rows[s] consecutive rows of `tokens` / `positions`,
@@ -158,6 +159,8 @@ static int forward_pass(const Model* md, int nseq, const Cache* const* caches, c
         float* xm = x + (size_t)m * dim;
         if (md->embed_dtype == 0) {
             std::memcpy(xm, (const float*)md->embed + (size_t)tokens[m] * dim, dim * 4);
+        } else if (md->embed_dtype == 3) {  // the pass's own rows, looked up by the caller
+            std::memcpy(xm, (const float*)md->embed + (size_t)m * dim, dim * 4);
         } else {
             const uint16_t* e = (const uint16_t*)md->embed + (size_t)tokens[m] * dim;
             if (md->embed_dtype == 1)

@@ -18,18 +18,18 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from ..kernels import native
-from . import native_forward
+from . import native_cache, native_forward
 from .errors import ModelLoadError
 from .progress import Progress, ProgressFn
 from .quantize.int4_linear import Int4Linear
 from .quantize.pack import quantize_weight
-from .read_on_use import HeadOnUse, ReadOnUse, RowBlocks
+from .read_on_use import EmbeddingOnUse, ReadOnUse, RowBlocks, WeightOnUse
 from .transformer import KVCache, Transformer
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,7 @@ class NativeUnavailable(Exception):
 
 HEAD_GROUP = 64  # the 4-bit head's group size (a multiple of 64, as the INT4 kernel reads)
 EMBED_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # Model.embed_dtype
+EMBED_ROWS_GIVEN = 3  # Model.embed_dtype: `embed` holds the pass's own rows, fp32, in the order of its tokens
 
 
 class NativeStep:
@@ -60,12 +61,12 @@ class NativeStep:
     kind = "native"
 
     @classmethod
-    def for_model(cls, model: Transformer, head_bits: int = 8, *, packed_dir: Path | None = None,
+    def for_model(cls, model: Transformer, head_bits: int = 8, *, place: native_cache.Place | None = None,
                   progress: ProgressFn | None = None, head_gram: Callable[[], Tensor] | None = None) -> NativeStep:
         """The native step over `model`'s weights; NativeUnavailable says why it cannot be had.
 
-        `packed_dir`: the AWQ folder the model was loaded from; its repacked weights are read from there
-        (read into memory) when cached, else packed and cached there (models/native_cache.py).
+        `place`: where the model's repacked weights are cached (an AWQ folder of the Parley cache, or a GGUF's
+        layout folder): read from there when cached, else packed and cached there (models/native_cache.py).
         `head_gram`: the Gram matrix of the head's inputs, called only when a 4-bit head is packed: the head is
         then rounded by GPTQ (models/quantize/head4.py), else to nearest.
         """
@@ -76,25 +77,23 @@ class NativeStep:
         lib = native_forward.library()
         if lib is None:
             raise NativeUnavailable(native_forward.why_unavailable() or "the native library did not load")
-        from . import native_cache
-
         head = "gptq" if head_bits == 4 and head_gram is not None else ""
         rotated = model.layers[0].mlp.down_diag is not None  # hadamard.apply swapped in the rotated down_proj
-        key = native_cache.cache_key(packed_dir, head_bits, head, rotated) if packed_dir is not None else None
-        packed = native_cache.load(packed_dir, key) if key else None
+        key = native_cache.cache_key(place, head_bits, head, rotated) if place is not None else None
+        packed = native_cache.load(place.folder, key) if place is not None and key else None
         try:
             try:
                 step = cls(model, lib, head_bits, packed=packed, progress=progress, head_gram=head_gram)
             except native_cache.Stale as e:  # shapes the model does not imply: pack afresh
-                log.warning("ignoring the cached CPU layout in %s (%s); repacking", packed_dir, e)
+                log.warning("ignoring the cached CPU layout in %s (%s); repacking", place.folder, e)
                 packed = None
                 step = cls(model, lib, head_bits, progress=progress, head_gram=head_gram)
         except ModelLoadError:  # a damaged checkpoint read on use: no other path would run it
             raise
         except ValueError as e:
             raise NativeUnavailable(str(e)) from None
-        if key and packed is None and step.packed:
-            native_cache.save(packed_dir, key, step.packed)
+        if place is not None and key and packed is None and step.packed:
+            native_cache.save(place, key, step.packed, native_cache.variant(head_bits, head, rotated))
         return step
 
     def __init__(self, model: Transformer, lib: ctypes.CDLL, head_bits: int = 8, *,
@@ -168,7 +167,9 @@ class NativeStep:
             head = native.lin(kind, c.vocab_size, c.dim, w=self._keep(head_w.detach().contiguous()))
         self.head_bits = head_bits
         # What a decode step reads: every layer and head weight once, plus one embedding row.
-        embed = model.embed_tokens.weight
+        table = model.embed_tokens
+        embed = table._parameters["weight"]  # as held: a table read on use is decoded row by row, here
+        self._lookup = table.lookup() if isinstance(table, EmbeddingOnUse) else None
         self.weight_bytes = sum(t.numel() * t.element_size() for t in self.keep
                                 if t.data_ptr() != embed.data_ptr()) + c.dim * embed.element_size()
         if head_bits == 32 and c.tie_embeddings:  # the unquantized head is the embedding itself, skipped above
@@ -181,12 +182,16 @@ class NativeStep:
                     layers[i].rope_cos, layers[i].rope_sin = local
         # An embedding held narrower than fp32 (a bf16 model's; an INT4 model's fp16 table as stored) is read as
         # it is held, each looked-up row widened, not copied to fp32.
+        # A table not held at all (a GGUF's, kept in its blocks) gives each pass its rows (`_model`).
         narrow = embed.dtype != torch.float32
-        embed_ptr = self._keep(embed.detach().contiguous()).data_ptr() if narrow else self._ptr(embed)
+        if self._lookup is not None:
+            embed_ptr = None
+        else:
+            embed_ptr = self._keep(embed.detach().contiguous()).data_ptr() if narrow else self._ptr(embed)
         self.md = native_forward.Model(c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
                                        c.intermediate_size, c.vocab_size, c.norm_eps, embed_ptr,
                                        self._ptr(model.norm.weight), cos, sin, c.max_seq_len, head, layers)
-        self.md.embed_dtype = EMBED_DTYPES[embed.dtype]
+        self.md.embed_dtype = EMBED_ROWS_GIVEN if self._lookup is not None else EMBED_DTYPES[embed.dtype]
         # sqrt(dim) rounded to fp32 first, as Transformer.embed does
         self.md.embed_scale = float(torch.tensor(c.dim ** 0.5, dtype=torch.float32)) if c.embed_scale else 0.0
         self.md.attn_scale = c.query_scale
@@ -214,7 +219,7 @@ class NativeStep:
     def _read_head(module: nn.Module, blocks: bool = False) -> Tensor | RowBlocks:
         """The head's weight for packing; a head read on use (models/read_on_use.py) lets go of it again after.
         `blocks` (a packer that walks the rows in blocks): one whose checkpoint reads row blocks is read so."""
-        if blocks and isinstance(module, HeadOnUse) and (rows := module.row_blocks()) is not None:
+        if blocks and isinstance(module, WeightOnUse) and (rows := module.row_blocks()) is not None:
             return rows
         weight = module.weight
         if isinstance(module, ReadOnUse):
@@ -353,15 +358,27 @@ class NativeStep:
         T = tokens.shape[1]
         ids = tokens[0].to(torch.int64).contiguous()
         pos = positions[0].to(torch.int64).contiguous()
-        if int(ids.max()) >= self.config.vocab_size or int(ids.min()) < 0:
-            raise ValueError(f"token id out of range for a vocabulary of {self.config.vocab_size}")
+        md, _rows = self._model(ids)
         out = torch.empty(1 if last_only else T, self.config.vocab_size, dtype=torch.float32)
-        rc = self.lib.parley_forward(ctypes.byref(self.md), ctypes.byref(self._cache(cache)), T, ids.data_ptr(),
+        rc = self.lib.parley_forward(md, ctypes.byref(self._cache(cache)), T, ids.data_ptr(),
                                      pos.data_ptr(), int(last_only), out.data_ptr())
         if rc != 0:
             raise ValueError(f"positions {pos.tolist()[:4]}... exceed the cache ({cache.max_len} slots) "
                              f"or the model's {self.config.max_seq_len} positions")
         return out[None]
+
+    def _model(self, ids: Tensor) -> tuple[Any, Tensor | None]:
+        """The Model to pass with token ids [M] (checked against the vocabulary), and the embedding rows it points
+        at where this step looks them up itself (`EMBED_ROWS_GIVEN`): the caller holds them through the pass."""
+        if int(ids.max()) >= self.config.vocab_size or int(ids.min()) < 0:
+            raise ValueError(f"token id out of range for a vocabulary of {self.config.vocab_size}")
+        if self._lookup is None:
+            return ctypes.byref(self.md), None
+        rows = self._lookup(ids).to(torch.float32).contiguous()
+        if rows.shape != (len(ids), self.config.dim):
+            raise ValueError(f"the embedding gave rows {tuple(rows.shape)} for {len(ids)} tokens")
+        self.md.embed = rows.data_ptr()
+        return ctypes.byref(self.md), rows
 
     def tree(self, tokens: list[int], parents: list[int], base: int, cache: KVCache) -> Tensor:
         """Logits [N, vocab] of a tree of tokens (node 0 at position `base`, node m the child of parents[m] <
@@ -374,10 +391,9 @@ class NativeStep:
         ids = torch.tensor(tokens, dtype=torch.int64)
         pos = torch.tensor([base + d for d in depth], dtype=torch.int64)
         par = torch.tensor(parents, dtype=torch.int64)
-        if int(ids.max()) >= self.config.vocab_size or int(ids.min()) < 0:
-            raise ValueError(f"token id out of range for a vocabulary of {self.config.vocab_size}")
+        md, _rows = self._model(ids)
         out = torch.empty(n, self.config.vocab_size, dtype=torch.float32)
-        rc = self.lib.parley_forward_tree(ctypes.byref(self.md), ctypes.byref(self._cache(cache)), n, ids.data_ptr(),
+        rc = self.lib.parley_forward_tree(md, ctypes.byref(self._cache(cache)), n, ids.data_ptr(),
                                           pos.data_ptr(), par.data_ptr(), 0, out.data_ptr())
         if rc == -3:
             raise ValueError(f"parents {parents[:8]}...: expected parents[0] = -1 and 0 <= parents[m] < m")
@@ -407,15 +423,14 @@ class NativeStep:
             if any_tree:
                 parents += par if par is not None else range(-1, len(ids) - 1)
         ids = torch.tensor(tokens, dtype=torch.int64)
-        if int(ids.max()) >= self.config.vocab_size or int(ids.min()) < 0:
-            raise ValueError(f"token id out of range for a vocabulary of {self.config.vocab_size}")
+        md, _rows = self._model(ids)
         pos = torch.tensor(positions, dtype=torch.int64)
         par = torch.tensor(parents, dtype=torch.int64) if any_tree else None
         seq_rows = torch.tensor(rows, dtype=torch.int32)
         wanted = torch.tensor(out_rows, dtype=torch.int32)
         caches = (ctypes.POINTER(native.Cache) * len(parts))(*(ctypes.pointer(self._cache(p[0])) for p in parts))
         out = torch.empty(len(out_rows), self.config.vocab_size, dtype=torch.float32)
-        rc = self.lib.parley_forward_batch(ctypes.byref(self.md), len(parts), caches, seq_rows.data_ptr(),
+        rc = self.lib.parley_forward_batch(md, len(parts), caches, seq_rows.data_ptr(),
                                            ids.data_ptr(), pos.data_ptr(), None if par is None else par.data_ptr(),
                                            len(out_rows), wanted.data_ptr(), out.data_ptr())
         if rc == -3:

@@ -2,7 +2,8 @@
 
 Why: on the CPU the native step runs a packed copy of its own of every decoder linear and of the output head,
 read from its layout cache at a cached start, so the modules' copies would be dead weight (3.8 GB of INT4 and a
-2.1 GB fp32 head at 8B). The loader (models/loading.py) leaves such tensors on the meta device and gives the
+2.1 GB fp32 head at 8B), as would a GGUF's embedding table decoded to fp32 (another 2.1 GB) when each pass needs
+only its own tokens' rows. The loader (models/loading.py) leaves such tensors on the meta device and gives the
 module a reader of the checkpoint: whatever does use them (a first start's packing, the PyTorch path, a
 self-draft's packing) reads them then, and `release` lets them go again.
 """
@@ -80,21 +81,50 @@ class RowBlocks:
         return self._read(start, stop)
 
 
-class HeadOnUse(ReadOnUse, nn.Linear):
-    """The output head (an untied nn.Linear), its weight read on use."""
+class WeightOnUse(ReadOnUse):
+    """Mixed into a module whose `weight` is read on use, whole or, where the checkpoint can, a row block at a
+    time (`row_blocks`)."""
 
     ON_USE = ("weight",)
 
     def read_on_use(self, read: Callable[[], dict[str, Tensor]],
                     row_block: Callable[[int, int], Tensor] | None = None) -> None:
         """`ReadOnUse.read_on_use`; `row_block(r0, r1)` reads rows r0..r1 of the weight alone, where the
-        checkpoint can (a GGUF's head)."""
+        checkpoint can (a GGUF's)."""
         super().read_on_use(read)
         self.__dict__["_row_block"] = row_block
 
     def row_blocks(self) -> RowBlocks | None:
         """The weight read block by block, while it is not held and the checkpoint can read it so; else None."""
-        held, row_block = self._parameters["weight"], self.__dict__.get("_row_block")
+        held, row_block = self._parameters["weight"], self.__dict__.get("_row_block")  # type: ignore[attr-defined]
         if held is not None and held.is_meta and row_block is not None:
             return RowBlocks(held.shape, row_block)
         return None
+
+
+class HeadOnUse(WeightOnUse, nn.Linear):
+    """The output head (an nn.Linear), its weight read on use."""
+
+
+class EmbeddingOnUse(WeightOnUse, nn.Embedding):
+    """The embedding table, not held: each lookup decodes the rows it asks for from the checkpoint (`lookup`, a
+    GGUF table kept in its blocks: 2.1 GB of fp32 at 8B never made). Anything that asks for the weight itself
+    reads it whole, as any module read on use does."""
+
+    def read_on_use(self, read: Callable[[], dict[str, Tensor]],
+                    row_block: Callable[[int, int], Tensor] | None = None,
+                    lookup: Callable[[Tensor], Tensor] | None = None) -> None:
+        """`WeightOnUse.read_on_use`; `lookup(ids)` gives the rows of token ids [n] as fp32 [n, dim]."""
+        super().read_on_use(read, row_block)
+        self.__dict__["_lookup"] = lookup
+
+    def lookup(self) -> Callable[[Tensor], Tensor] | None:
+        """The row decoder, while the table is not held; else None (the table as held is looked up)."""
+        held = self._parameters["weight"]
+        return self.__dict__.get("_lookup") if held is not None and held.is_meta else None
+
+    def forward(self, ids: Tensor) -> Tensor:
+        lookup = self.lookup()
+        if lookup is None:
+            return super().forward(ids)
+        return lookup(ids.reshape(-1)).reshape(*ids.shape, self.embedding_dim)

@@ -45,7 +45,8 @@ def layout(bits: int) -> tuple:
 
     (folder,) = [p for p in awq_root().iterdir() if p.is_dir() and not p.name.startswith(".")]
     head = "gptq" if bits == 4 else ""  # an engine's 4-bit head: GPTQ
-    key = native_cache.cache_key(folder, bits, head, rotated_down=(folder / hadamard.FILE).is_file())
+    key = native_cache.cache_key(native_cache.awq_place(folder), bits, head,
+                                 rotated_down=(folder / hadamard.FILE).is_file())
     return folder, key, folder / f"native-{key}.safetensors"
 
 

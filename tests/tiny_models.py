@@ -91,7 +91,8 @@ def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 
 def write_gguf(path: Path, model, config: dict, override_type: dict | None = None,
-               rope_freqs: torch.Tensor | None = None, linears_as=None, linear_kinds=None) -> Path:
+               rope_freqs: torch.Tensor | None = None, linears_as=None, linear_kinds=None, embedding_as=None
+               ) -> Path:
     """`model` as llama.cpp's converter would write it (F32 tensors), with a byte-level tokenizer.
 
     `override_type` maps a GGUF tensor name to a GGMLQuantizationType to store it as raw bytes of that
@@ -99,6 +100,7 @@ def write_gguf(path: Path, model, config: dict, override_type: dict | None = Non
     writes for llama3-style rope scaling. `linears_as`: a GGMLQuantizationType the decoder's linears are
     quantized to by gguf.quants (e.g. Q4_0, Q4_1), as a quantized GGUF stores them; `linear_kinds` maps a
     projection's name ("v_proj") to the type it is stored in instead (a file that mixes types, as Q4_K_M does).
+    `embedding_as`: the type the embedding table is quantized to (Q8_0, Q4_0: as llama.cpp's files store it).
     """
     import gguf
     import numpy as np
@@ -147,6 +149,8 @@ def write_gguf(path: Path, model, config: dict, override_type: dict | None = Non
         if linears_as is not None and stem.startswith("layers.") and stem.endswith("_proj") and kind == "weight":
             as_kind = (linear_kinds or {}).get(stem.rsplit(".", 1)[1], linears_as)
             w.add_tensor(gname, gguf.quants.quantize(t.numpy(), as_kind), raw_dtype=as_kind)
+        elif embedding_as is not None and stem == "embed_tokens":
+            w.add_tensor(gname, gguf.quants.quantize(t.numpy(), embedding_as), raw_dtype=embedding_as)
         elif qtype is None:
             w.add_tensor(gname, t.numpy())
         else:
