@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ..kernels.reference import AWQ_ORDER
-from .quantize.pack import group_params, quantize_int, quantize_weight
+from .quantize.pack import group_params, quantize_int
 
 GROUP = 32  # every GGUF 4-bit format's group of inputs
 T = gguf.GGMLQuantizationType
@@ -133,10 +133,6 @@ def int4_tensors(kind: gguf.GGMLQuantizationType, data: np.ndarray, fp: Tensor |
                  rows: object = None) -> dict[str, Tensor]:
     """One decoder linear as Int4Linear's tensors (qweight, qzeros, scales, and mins where it has them):
     `int4_rows`, packed as AutoAWQ packs them."""
-    if kind not in FOUR_BIT:
-        assert fp is not None
-        qweight, qzeros, scales = quantize_weight((rows if callable(rows) else (lambda t: t))(fp), GROUP)
-        return {"qweight": qweight, "qzeros": qzeros, "scales": scales}
     q, zeros, scales, mins = int4_rows(kind, data, fp, rows)
     qweight, qzeros, scales16 = _pack_columns(q.t()), _pack_columns(zeros.t()), scales.t().contiguous().half()
     # mins first: the loader makes the linear one with minimums when its first tensor says so

@@ -547,7 +547,7 @@ MUTANTS: list[Mutant] = [
     Mutant("gguf-rows-rounded-linear-unpermuted", "models/gguf_int4.py",
            "        w = reorder(fp)\n        scales, zeros = group_params(w, GROUP)",
            "        w = fp\n        scales, zeros = group_params(w, GROUP)",
-           ("tests/test_gguf_int4_weights_read_on_use.py",)),
+           ("tests/test_gguf_int4_import_is_exact.py::test_a_linear_of_another_type_is_its_fp_weight_rounded",)),
     Mutant("q4-block-group-a-chunk-late", "kernels/cpu/products.h",
            "            left = cpg - 1;",
            "            left = cpg;",

@@ -23,6 +23,7 @@ from parley.models.errors import ModelLoadError
 from parley.models.gguf_int4 import Imported, int4_tensors, q4_groups
 from parley.models.loading import load_model
 from parley.models.quantize.int4_linear import Int4Linear, decoder_linears
+from parley.models.quantize.pack import quantize_weight
 from parley.models.resolve import resolve
 from parley.models.transformer import KVCache
 
@@ -138,6 +139,32 @@ def test_a_tiny_q4_1_model_loads_to_its_own_weights_and_greedy_tokens(tiny) -> N
                 toks.append(nxt)
         outs.append(toks)
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("on_use", [False, True])
+def test_a_linear_of_another_type_is_its_fp_weight_rounded(tmp_path, on_use: bool) -> None:
+    """A linear that is not 4-bit in the file (Q8_0 k_proj, Q5_0 up_proj beside Q4_1) is rounded to INT4 at
+    group 32 from its weight as the plain load reads it (dequantized, q/k rows un-permuted): bitwise what
+    `quantize_weight` makes of that weight, whether imported eagerly or read as rows on use."""
+    config = tiny_config()
+    config["intermediate_size"] = 128
+    path = write_gguf(tmp_path / "tiny-mixed.gguf", reference_model(config, seed=6), config, linears_as=T.Q4_1,
+                      linear_kinds={"k_proj": T.Q8_0, "up_proj": T.Q5_0})
+    files, imported = resolve(str(path)), Imported()
+    m4, fp = load_model(files, gguf_int4=imported, int4_on_use=on_use), load_model(files)
+    assert imported.rounded == {"Q8_0": 2, "Q5_0": 2}
+    for (_, name, lin4), (_, _, lin) in zip(decoder_linears(m4), decoder_linears(fp), strict=True):
+        if not name.endswith(("k_proj", "up_proj")):
+            continue
+        qweight, qzeros, scales = quantize_weight(lin.weight, 32)
+        if on_use:  # what the native step packs: the rows, unpacked from the reference's AWQ words
+            q, zeros, s, mins = lin4.q4_rows()
+            want = reference.dequantize(qweight, qzeros, scales.float(), 32).t()
+            got = (q.float() - zeros.float().repeat_interleave(32, 1)) * s.float().repeat_interleave(32, 1)
+            assert mins is None and torch.equal(got, want), name
+        else:
+            assert torch.equal(lin4.qweight, qweight) and torch.equal(lin4.qzeros, qzeros), name
+            assert torch.equal(lin4.scales, scales), name
 
 
 def test_a_gguf_without_4_bit_weights_is_refused(tmp_path) -> None:
