@@ -258,9 +258,11 @@ def pack_q4_rows(q: Tensor, zeros: Tensor, scales: Tensor, group_size: int,
                          f"multiple of 64, not {group_size}")
     Np = (N + 15) // 16 * 16
     qn = _pad_columns(q.to(torch.uint8), Np)                          # [Np, K]
-    qn = qn.reshape(Np // 16, 16, K // 64, 2, 8, 4)                   # block, n, chunk, half, t, j
-    packed = (qn[:, :, :, 0] | (qn[:, :, :, 1] << 4))                 # block, n, chunk, t, j
-    packed = packed.permute(0, 2, 3, 1, 4).contiguous()               # block, chunk, t, n, j
+    qn = qn.reshape(Np // 16, 16, K // 64, 2, 32)                     # block, n, chunk, half, (t, j)
+    packed = (qn[:, :, :, 0] | (qn[:, :, :, 1] << 4)).contiguous()    # block, n, chunk, (t, j)
+    # n moved inside (chunk, t) as 4-byte words (j rides along): a quarter of the elements a byte permute moves
+    words = packed.view(torch.int32).reshape(Np // 16, 16, K // 64 * 8).transpose(1, 2).contiguous()
+    packed = words.view(torch.uint8).reshape(Np // 16, K // 64, 8, 16, 4)  # block, chunk, t, n, j
 
     def blocks(t: Tensor) -> Tensor:  # [N, G] -> [Np/16, G, 16]
         t = _pad_columns(t.float(), Np)
