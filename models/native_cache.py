@@ -19,6 +19,7 @@ import json
 import logging
 import re
 import struct
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ..cache_files import cache_dir, save_safetensors_atomic, write_json_atomic
+from ..cache_files import cache_dir, remove_orphans, save_safetensors_atomic, write_json_atomic
 
 if TYPE_CHECKING:
     from .resolve import ModelFiles
@@ -137,6 +138,10 @@ def load(folder: Path, key: str) -> dict[str, Tensor] | None:
     thread ~4% of its decode at 1B); None when there is no complete, intact file for `key` (the caller then
     packs and `save`s)."""
     data, manifest = _paths(folder, key)
+    with _lock:
+        writing = _saving.get(data)
+    if writing is not None:  # this process is writing it (`save_later`): read it once written
+        writing.join()
     try:
         meta = json.loads(manifest.read_text())
         if meta.get("format") != FORMAT or meta.get("key") != key:
@@ -198,13 +203,47 @@ def _read_safetensors(path: Path, sha256: str) -> dict[str, Tensor]:
     return out
 
 
+_saving: dict[Path, threading.Thread] = {}  # a layout file this process is writing -> the thread writing it
+_lock = threading.Lock()
+
+
+def save_later(place: Place, key: str, tensors: dict[str, Tensor], variant_name: str) -> None:
+    """`save` on a thread of its own: the step runs at once instead of after the write (4 GB at 8B, ~10 s on a
+    VM's disk). Not a daemon: the process waits for it before it exits. A process killed meanwhile leaves a
+    temporary file, which the next save into the folder removes."""
+    data, _ = _paths(place.folder, key)
+
+    def run() -> None:
+        try:
+            save(place, key, tensors, variant_name)
+        except Exception:  # noqa: BLE001 - the step runs either way; the next start packs again
+            log.warning("could not cache the CPU layout in %s", place.folder, exc_info=True)
+        finally:
+            with _lock:
+                _saving.pop(data, None)
+
+    thread = threading.Thread(target=run, name=f"parley-layout-{key}")
+    with _lock:
+        _saving[data] = thread
+    thread.start()
+
+
+def wait_for_saves() -> None:
+    """Wait until every `save_later` of this process has written its file (or given up)."""
+    with _lock:
+        threads = list(_saving.values())
+    for t in threads:
+        t.join()
+
+
 def save(place: Place, key: str, tensors: dict[str, Tensor], variant_name: str) -> None:
     """Write the packed tensors and then their manifest, each atomically, and then remove the place's older
-    layout of the same variant (packed by other code, or from a file since changed); a failure only costs the
-    next start."""
+    layout of the same variant (packed by other code, or from a file since changed) and what killed writers
+    left; a failure only costs the next start."""
     data, manifest = _paths(place.folder, key)
     try:
         place.folder.mkdir(parents=True, exist_ok=True)
+        remove_orphans(place.folder)
         sha256 = save_safetensors_atomic(data, tensors, metadata={"format": FORMAT})
         write_json_atomic(manifest, {"format": FORMAT, "key": key, "variant": variant_name,
                                      "size": data.stat().st_size, "sha256": sha256})

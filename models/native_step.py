@@ -93,7 +93,7 @@ class NativeStep:
         except ValueError as e:
             raise NativeUnavailable(str(e)) from None
         if place is not None and key and packed is None and step.packed:
-            native_cache.save(place, key, step.packed, native_cache.variant(head_bits, head, rotated))
+            native_cache.save_later(place, key, step.packed, native_cache.variant(head_bits, head, rotated))
         return step
 
     def __init__(self, model: Transformer, lib: ctypes.CDLL, head_bits: int = 8, *,

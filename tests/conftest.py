@@ -13,6 +13,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from parley.models import native_cache  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).parent))  # test helpers (tiny.py, fakehub.py) import as modules
 
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, torch.get_num_threads())))
@@ -41,6 +43,8 @@ def _isolated_dirs(tmp_path_factory, monkeypatch):
     """No test reads or writes the user's real Parley cache or data (tests that count the cache's folders see
     only what tests wrote, not what a module's fixture built)."""
     _set_dirs(monkeypatch, tmp_path_factory.getbasetemp())
+    yield
+    native_cache.wait_for_saves()  # a layout written on a thread lands in this test's folders, not the next's
 
 
 # The longest files (measured, --durations) start first: `--dist loadfile` hands files to workers in

@@ -47,3 +47,41 @@ def test_replacing_a_folder(tmp_path):
             tmp.mkdir()
             (tmp / "config.json").write_text(str(n))
     assert (out / "config.json").read_text() == "2" and [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_a_safetensors_file_written_here_is_what_the_library_reads(tmp_path, monkeypatch):
+    """Every dtype a cache holds, mixed item sizes (each tensor must start aligned, with no gap), a scalar, an
+    empty tensor, a non-contiguous view and metadata; written in pieces smaller than the tensors."""
+    from safetensors import safe_open
+
+    monkeypatch.setattr(cache_files, "_pieces", lambda view, size, real=cache_files._pieces: real(view, 7))
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        "q": torch.randint(0, 256, (5, 3), dtype=torch.uint8, generator=g),
+        "s16": torch.randn(3, 2, generator=g).half(),
+        "b": torch.randn(7, generator=g).bfloat16(),
+        "w": torch.randn(4, 6, generator=g).t(),
+        "d": torch.randn(3, generator=g, dtype=torch.float64),
+        "i": torch.randint(-9, 9, (2, 2), dtype=torch.int64, generator=g),
+        "k": torch.randint(-9, 9, (3,), dtype=torch.int32, generator=g),
+        "h": torch.randint(-9, 9, (3,), dtype=torch.int16, generator=g),
+        "c": torch.randint(-9, 9, (3,), dtype=torch.int8, generator=g),
+        "m": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 4),
+    }
+    path = tmp_path / "t.safetensors"
+    digest = cache_files.save_safetensors_atomic(path, tensors, metadata={"format": "7"})
+    assert digest == cache_files.file_sha256(path)
+    with safe_open(str(path), "pt") as f:
+        assert f.metadata() == {"format": "7"} and set(f.keys()) == set(tensors)
+        for name, t in tensors.items():
+            got = f.get_tensor(name)
+            assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t), name
+    # each tensor aligned in the file (what a reader that maps it in place, native_cache's, requires)
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    for name, t in tensors.items():
+        assert (8 + n + header[name]["data_offsets"][0]) % t.element_size() == 0, name
+    assert [p.name for p in tmp_path.iterdir()] == ["t.safetensors"]

@@ -10,6 +10,7 @@ from pathlib import Path
 from awq_tiny import outlier_model, write_hf_dir
 
 from parley.app.cli import main
+from parley.models import native_cache
 from parley.models.quantize import hadamard
 
 
@@ -23,6 +24,7 @@ def test_quantize_writes_it_and_generate_honours_the_switch(tmp_path, capsys, mo
     assert hadamard.FILE in listed and listed[hadamard.FILE]["size"] == (folder / hadamard.FILE).stat().st_size
 
     mine = tmp_path / "my-awq"  # a user's copy, outside the cache: nothing verifies it before loading
+    native_cache.wait_for_saves()
     shutil.copytree(folder, mine, ignore=shutil.ignore_patterns("native-*"))
     data = (mine / hadamard.FILE).read_bytes()
     (mine / hadamard.FILE).write_bytes(data[: len(data) // 2])

@@ -5,6 +5,11 @@ user's file is never written to."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
+
 import gguf
 import pytest
 import torch
@@ -43,6 +48,7 @@ def no_packing(monkeypatch) -> None:
 
 
 def layouts(path) -> list[str]:
+    native_cache.wait_for_saves()  # written on a thread (native_cache.save_later)
     return sorted(p.name for p in native_cache.gguf_place(resolve(str(path))).folder.glob("native-*"))
 
 
@@ -70,3 +76,74 @@ def test_a_file_changed_in_place_gets_its_own_layout(tmp_path, monkeypatch):
     with monkeypatch.context() as m:
         no_packing(m)
         assert torch.equal(logits(path), new)
+
+
+def test_the_step_runs_while_its_layout_is_written_and_the_next_start_waits_for_it(tmp_path, monkeypatch):
+    """The layout is written on a thread: a first start computes before the file exists, and a second start in
+    the same process reads that file once written (released as it looks for it) instead of packing again."""
+    path = tiny_gguf(tmp_path / "tiny.gguf", seed=3)
+    release, me = threading.Event(), threading.get_ident()
+    real_save, real_key = native_cache.save_safetensors_atomic, native_cache.cache_key
+
+    def held(*a, **k):
+        if threading.get_ident() == me:
+            raise AssertionError("the layout was written before the step ran")
+        assert release.wait(timeout=600), "never released"
+        return real_save(*a, **k)
+
+    def releasing(*a, **k):
+        release.set()  # the second start asks for the layout: the first one's write goes on now
+        return real_key(*a, **k)
+
+    monkeypatch.setattr(native_cache, "save_safetensors_atomic", held)
+    try:
+        want = logits(path)
+        folder = native_cache.gguf_place(resolve(str(path))).folder
+        assert not list(folder.glob("native-*")), "the layout was written before the step ran"
+        with monkeypatch.context() as m:
+            no_packing(m)
+            m.setattr(native_cache, "cache_key", releasing)
+            assert torch.equal(logits(path), want)
+    finally:
+        release.set()
+    assert len(layouts(path)) == 2
+
+
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_save(tmp_path):
+    path = tiny_gguf(tmp_path / "tiny.gguf", seed=3)
+    folder = native_cache.gguf_place(resolve(str(path))).folder
+    folder.mkdir(parents=True)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = folder / f".native-0123.safetensors.pid{int(gone.stdout)}.89abcdef.tmp"
+    alive = folder / f".native-4567.safetensors.pid{os.getpid()}.89abcdef.tmp"
+    dead.write_bytes(b"half")
+    alive.write_bytes(b"being written")
+    logits(path)
+    assert len(layouts(path)) == 2
+    assert not dead.exists() and alive.exists()
+
+
+def test_a_layout_still_being_written_when_the_process_ends_is_written_whole(tmp_path):
+    """The write goes on while the interpreter shuts down (a reply shorter than the write): it must finish
+    there, where a thread pool refuses new work."""
+    path = tiny_gguf(tmp_path / "tiny.gguf", seed=3)
+    script = f"""
+import threading, time
+from parley.models import native_cache
+from parley.engine.engine import Engine
+real = native_cache.save_safetensors_atomic
+def late(*a, **k):
+    while threading.main_thread().is_alive():  # held until the main thread has returned
+        time.sleep(0.01)
+    return real(*a, **k)
+native_cache.save_safetensors_atomic = late
+engine = Engine.load({str(path)!r}, quant="gguf", device="cpu")
+engine.reset_cache()
+engine.forward({IDS!r})
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=os.environ.copy())
+    assert done.returncode == 0 and "could not cache" not in done.stderr, done.stderr
+    assert len(layouts(path)) == 2
+    with pytest.MonkeyPatch.context() as m:
+        no_packing(m)
+        logits(path)

@@ -43,6 +43,7 @@ def layout(bits: int) -> tuple:
     """(folder, key, data file) of the cached layout with a `bits` head."""
     from parley.models.quantize.cache import awq_root
 
+    native_cache.wait_for_saves()  # the layout is written on a thread (native_cache.save_later)
     (folder,) = [p for p in awq_root().iterdir() if p.is_dir() and not p.name.startswith(".")]
     head = "gptq" if bits == 4 else ""  # an engine's 4-bit head: GPTQ
     key = native_cache.cache_key(native_cache.awq_place(folder), bits, head,

@@ -50,6 +50,7 @@ def load(source: str) -> Engine:
     from parley.models.quantize.cache import awq_root
 
     engine = Engine.load(source, quant="awq", device="cpu")
+    native_cache.wait_for_saves()  # the layout is written on a thread: here as the next start finds it
     (engine.awq_folder,) = [p for p in awq_root().iterdir() if p.is_dir() and not p.name.startswith(".")]
     return engine
 
