@@ -163,14 +163,20 @@ _SAFETENSORS_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bf
                        "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
 
 
-def save_safetensors_atomic(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str] | None = None) -> str:
+class Cancelled(Exception):
+    """A write given up on purpose (its `stop` was set): nothing of it is kept."""
+
+
+def save_safetensors_atomic(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str] | None = None,
+                            stop: threading.Event | None = None) -> str:
     """Write tensors (detached, contiguous, on the CPU) as a safetensors file, whole or not at all; its sha256.
 
     Written here, not by `safetensors.torch.save_file`: that one copies every tensor into bytes first, and the
     file was then read back for its hash. Here each tensor's own memory goes to the file and is hashed on a
     second thread meanwhile (an 8B model's 4.7 GB CPU layout: 10.6 s against 13.5, nearly all of it the page
     cache's writes on a VM). The format is the library's (tests/test_cache_files_atomic.py reads it with
-    `safetensors`); other dtypes go through `save_file`."""
+    `safetensors`); other dtypes go through `save_file`. `stop`, when set, ends the write between pieces
+    (Cancelled)."""
     import torch
 
     flat = {k: v.detach().cpu().contiguous().reshape(-1) for k, v in tensors.items()}
@@ -196,11 +202,14 @@ def save_safetensors_atomic(path: Path, tensors: dict[str, Tensor], metadata: di
         piece for k in order for piece in _pieces(memoryview(flat[k].view(torch.uint8).numpy()), 1 << 24)]
     # hashed on a thread of its own (hashlib lets go of the GIL) while the same pieces are written: a plain
     # thread, as this runs on the layout's writing thread, where an executor is refused once the process exits
-    hashing = threading.Thread(target=lambda: [h.update(c) for c in chunks], name="parley-hash")
+    hashing = threading.Thread(target=lambda: [h.update(c) for c in chunks if not (stop and stop.is_set())],
+                               name="parley-hash")
     hashing.start()
     try:
         with replacing(path) as tmp, open(tmp, "wb") as f:
             for chunk in chunks:
+                if stop is not None and stop.is_set():
+                    raise Cancelled(str(path))
                 f.write(chunk)
     finally:
         hashing.join()

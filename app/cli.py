@@ -232,6 +232,25 @@ def device_problem(name: str | None) -> str | None:
     return None
 
 
+def finish_cache_writes(cancel: bool = False) -> None:
+    """A CPU layout still being written for the next start (models/native_cache.save_later) is waited for here,
+    and said, rather than silently by the interpreter on its way out; after Ctrl-C it is given up instead."""
+    cache = sys.modules.get("parley.models.native_cache")  # not imported: nothing is being written
+    if cache is None or not cache.pending_saves():
+        return
+    if cancel:
+        cache.cancel_saves()
+        return
+    end_progress()
+    print("parley: writing the CPU layout for the next start (Ctrl-C skips it; that start packs again)",
+          file=sys.stderr)
+    try:
+        cache.wait_for_saves()
+    except KeyboardInterrupt:
+        cache.cancel_saves()
+        raise
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a command; bad input, Ctrl-C, a full disk and an unusable device end in one line, not a traceback."""
     argv = sys.argv[1:] if argv is None else argv
@@ -247,13 +266,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("chat", "generate", "web", "quantize", "bench", "serve"):
             if getattr(args, "unavailable", None):
                 parser.error(f"{' '.join(argv[:2])} is unavailable: {args.unavailable}")
-            return args.module.run(args)
+            code = args.module.run(args)
+            finish_cache_writes()
+            return code
     except ValueError as e:  # bad input: the message names the value and the fix
         end_progress()  # on its own line, not after "load: reading the weights…"
         print(f"parley: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         end_progress()
+        finish_cache_writes(cancel=True)
         print("parley: interrupted (nothing half-written is kept)", file=sys.stderr)
         return 130
     except OSError as e:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ..cache_files import cache_dir, remove_orphans, save_safetensors_atomic, write_json_atomic
+from ..cache_files import Cancelled, cache_dir, remove_orphans, save_safetensors_atomic, write_json_atomic
 
 if TYPE_CHECKING:
     from .resolve import ModelFiles
@@ -141,7 +141,7 @@ def load(folder: Path, key: str) -> dict[str, Tensor] | None:
     with _lock:
         writing = _saving.get(data)
     if writing is not None:  # this process is writing it (`save_later`): read it once written
-        writing.join()
+        writing.wait()
     try:
         meta = json.loads(manifest.read_text())
         if meta.get("format") != FORMAT or meta.get("key") != key:
@@ -203,8 +203,11 @@ def _read_safetensors(path: Path, sha256: str) -> dict[str, Tensor]:
     return out
 
 
-_saving: dict[Path, threading.Thread] = {}  # a layout file this process is writing -> the thread writing it
+# a layout file this process is writing -> set when its write has ended. An event, not Thread.join: a join that
+# Ctrl-C interrupts marks the thread ended (CPython 3.11-3.12), and the interpreter would then exit mid-write.
+_saving: dict[Path, threading.Event] = {}
 _lock = threading.Lock()
+_stop = threading.Event()  # set by `cancel_saves`: the writes in progress give up
 
 
 def save_later(place: Place, key: str, tensors: dict[str, Tensor], variant_name: str) -> None:
@@ -212,31 +215,50 @@ def save_later(place: Place, key: str, tensors: dict[str, Tensor], variant_name:
     VM's disk). Not a daemon: the process waits for it before it exits. A process killed meanwhile leaves a
     temporary file, which the next save into the folder removes."""
     data, _ = _paths(place.folder, key)
+    ended = threading.Event()
 
     def run() -> None:
         try:
-            save(place, key, tensors, variant_name)
+            save(place, key, tensors, variant_name, stop=_stop)
+        except Cancelled:
+            log.info("the CPU layout in %s was not cached: cancelled", place.folder)
         except Exception:  # noqa: BLE001 - the step runs either way; the next start packs again
             log.warning("could not cache the CPU layout in %s", place.folder, exc_info=True)
         finally:
             with _lock:
                 _saving.pop(data, None)
+            ended.set()
 
-    thread = threading.Thread(target=run, name=f"parley-layout-{key}")
     with _lock:
-        _saving[data] = thread
-    thread.start()
+        _saving[data] = ended
+    threading.Thread(target=run, name=f"parley-layout-{key}").start()
+
+
+def pending_saves() -> bool:
+    """Whether a `save_later` of this process is still writing."""
+    with _lock:
+        return bool(_saving)
 
 
 def wait_for_saves() -> None:
     """Wait until every `save_later` of this process has written its file (or given up)."""
     with _lock:
-        threads = list(_saving.values())
-    for t in threads:
-        t.join()
+        writes = list(_saving.values())
+    for ended in writes:
+        ended.wait()
 
 
-def save(place: Place, key: str, tensors: dict[str, Tensor], variant_name: str) -> None:
+def cancel_saves() -> None:
+    """Give up the writes in progress (nothing of them is kept; the next start packs again) and wait for them."""
+    _stop.set()
+    try:
+        wait_for_saves()
+    finally:
+        _stop.clear()
+
+
+def save(place: Place, key: str, tensors: dict[str, Tensor], variant_name: str,
+         stop: threading.Event | None = None) -> None:
     """Write the packed tensors and then their manifest, each atomically, and then remove the place's older
     layout of the same variant (packed by other code, or from a file since changed) and what killed writers
     left; a failure only costs the next start."""
@@ -244,7 +266,7 @@ def save(place: Place, key: str, tensors: dict[str, Tensor], variant_name: str) 
     try:
         place.folder.mkdir(parents=True, exist_ok=True)
         remove_orphans(place.folder)
-        sha256 = save_safetensors_atomic(data, tensors, metadata={"format": FORMAT})
+        sha256 = save_safetensors_atomic(data, tensors, metadata={"format": FORMAT}, stop=stop)
         write_json_atomic(manifest, {"format": FORMAT, "key": key, "variant": variant_name,
                                      "size": data.stat().st_size, "sha256": sha256})
     except OSError as e:  # a read-only or full cache: the step works, the next start packs again

@@ -391,19 +391,29 @@ MUTANTS: list[Mutant] = [
            'text += b""',
            ("tests/test_cache_files_atomic.py",)),
     Mutant("safetensors-writer-hashes-on-a-pool", "cache_files.py",
-           '    hashing = threading.Thread(target=lambda: [h.update(c) for c in chunks], name="parley-hash")\n'
+           "    hashing = threading.Thread(target=lambda: [h.update(c) for c in chunks"
+           " if not (stop and stop.is_set())],\n"
+           '                               name="parley-hash")\n'
            "    hashing.start()\n",
            "    from concurrent.futures import ThreadPoolExecutor\n"
            "    pool = ThreadPoolExecutor(1)\n"
            "    futures = [pool.submit(h.update, c) for c in chunks]\n"
            '    hashing = type("Join", (), {"join": lambda self: [f.result() for f in futures]})()\n',
            ("tests/test_gguf_layout_cache.py",)),
+    Mutant("cli-leaves-the-layout-write-to-the-interpreter", "app/cli.py",
+           "            code = args.module.run(args)\n            finish_cache_writes()\n",
+           "            code = args.module.run(args)\n",
+           ("tests/test_gguf_layout_cache.py",)),
+    Mutant("cancelled-layout-write-goes-on", "cache_files.py",
+           "                if stop is not None and stop.is_set():",
+           "                if False:",
+           ("tests/test_gguf_layout_cache.py",)),
     Mutant("native-layout-saved-before-the-step-runs", "models/native_step.py",
            "native_cache.save_later(place, key, step.packed,",
            "native_cache.save(place, key, step.packed,",
            ("tests/test_gguf_layout_cache.py",)),
     Mutant("native-layout-read-before-its-write-ends", "models/native_cache.py",
-           "        writing.join()\n",
+           "        writing.wait()\n",
            "        pass\n",
            ("tests/test_gguf_layout_cache.py",)),
     Mutant("orphan-temporaries-kept", "models/native_cache.py",

@@ -6,6 +6,7 @@ user's file is never written to."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -147,3 +148,82 @@ engine.forward({IDS!r})
     with pytest.MonkeyPatch.context() as m:
         no_packing(m)
         logits(path)
+
+
+def test_a_cancelled_write_keeps_nothing(tmp_path, monkeypatch):
+    """Ctrl-C at the end of a command gives the write up (native_cache.cancel_saves): no layout, no temporary
+    file, and the next start packs again and caches it."""
+    path = tiny_gguf(tmp_path / "tiny.gguf", seed=3)
+    real = native_cache.save_safetensors_atomic
+
+    def held(*a, **k):
+        assert native_cache._stop.wait(timeout=600), "never cancelled"
+        return real(*a, **k)
+
+    with monkeypatch.context() as m:
+        m.setattr(native_cache, "save_safetensors_atomic", held)
+        want = logits(path)
+        assert native_cache.pending_saves()
+        native_cache.cancel_saves()
+    folder = native_cache.gguf_place(resolve(str(path))).folder
+    assert not native_cache.pending_saves() and not list(folder.iterdir())
+    assert torch.equal(logits(path), want) and len(layouts(path)) == 2
+
+
+def test_the_cli_says_it_is_writing_the_layout_and_waits_for_it(tmp_path, monkeypatch, capsys):
+    from parley.app.cli import main
+
+    path = tiny_gguf(tmp_path / "tiny.gguf", seed=3)
+    release = threading.Event()
+    real_save, real_wait = native_cache.save_safetensors_atomic, native_cache.wait_for_saves
+
+    def held(*a, **k):
+        assert release.wait(timeout=600), "never released"
+        return real_save(*a, **k)
+
+    def waiting() -> None:
+        release.set()  # the command waits for the write now: let it go on
+        real_wait()
+
+    monkeypatch.setattr(native_cache, "save_safetensors_atomic", held)
+    monkeypatch.setattr(native_cache, "wait_for_saves", waiting)
+    try:
+        assert main(["generate", "--model", str(path), "--quant", "gguf", "--temperature", "0",
+                     "--max-new-tokens", "2", "--raw", "hello"]) == 0
+    finally:
+        release.set()
+    assert "writing the CPU layout for the next start" in capsys.readouterr().err
+    folder = native_cache.gguf_place(resolve(str(path))).folder
+    assert sorted(p.suffix for p in folder.glob("native-*")) == [".json", ".safetensors"]
+
+
+def test_ctrl_c_while_the_cli_waits_for_the_write_leaves_nothing(tmp_path):
+    """Ctrl-C while `parley generate` says it is writing the layout: exit 130 at once, no layout and no
+    temporary file (the interpreter must not exit under a write it believes ended)."""
+    path = tiny_gguf(tmp_path / "tiny.gguf", seed=3)
+    script = f"""
+import signal, sys
+from parley.app.cli import main
+from parley.models import native_cache
+signal.signal(signal.SIGINT, signal.default_int_handler)  # even where the test runner's SIGINT is ignored
+real = native_cache.save_safetensors_atomic
+def held(*a, **k):
+    assert native_cache._stop.wait(timeout=600), "never cancelled"
+    return real(*a, **k)
+native_cache.save_safetensors_atomic = held
+sys.exit(main(["generate", "--model", {str(path)!r}, "--quant", "gguf", "--temperature", "0",
+               "--max-new-tokens", "2", "--raw", "hello"]))
+"""
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, env=os.environ.copy())
+    said = ""
+    while "writing the CPU layout" not in said:
+        line = child.stderr.readline()
+        assert line, f"ended without saying it writes the layout: {said}"
+        said += line
+    child.send_signal(signal.SIGINT)
+    rest = child.stderr.read()
+    assert child.wait(timeout=600) == 130, said + rest
+    assert "interrupted" in rest, rest
+    folder = native_cache.gguf_place(resolve(str(path))).folder
+    assert not list(folder.iterdir()), "a layout or a temporary file was left"
