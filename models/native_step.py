@@ -10,6 +10,7 @@ Every position is computed by the same arithmetic whatever the pass length, so l
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import logging
@@ -83,11 +84,13 @@ class NativeStep:
         packed = native_cache.load(place.folder, key) if place is not None and key else None
         try:
             try:
-                step = cls(model, lib, head_bits, packed=packed, progress=progress, head_gram=head_gram)
+                with native.reused_heap() if packed is None else contextlib.nullcontext():
+                    step = cls(model, lib, head_bits, packed=packed, progress=progress, head_gram=head_gram)
             except native_cache.Stale as e:  # shapes the model does not imply: pack afresh
                 log.warning("ignoring the cached CPU layout in %s (%s); repacking", place.folder, e)
                 packed = None
-                step = cls(model, lib, head_bits, progress=progress, head_gram=head_gram)
+                with native.reused_heap():
+                    step = cls(model, lib, head_bits, progress=progress, head_gram=head_gram)
         except ModelLoadError:  # a damaged checkpoint read on use: no other path would run it
             raise
         except ValueError as e:

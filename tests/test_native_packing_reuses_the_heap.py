@@ -1,0 +1,46 @@
+"""While the native step packs (kernels.native.reused_heap), glibc's malloc serves large blocks from its heap,
+where freed temporaries are reused instead of mmapped, faulted in and zeroed afresh; afterwards large blocks are
+mmapped again (and what packing freed is trimmed, `malloc_trim`). Seen through glibc's counters (`mallinfo2`)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from parley.kernels import native
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _mallinfo2():
+    libc = ctypes.CDLL(None)
+    if not hasattr(libc, "mallinfo2") or native._libc() is None:
+        pytest.skip("not glibc >= 2.33: packing runs without reused_heap")
+    libc.mallinfo2.restype = _MallInfo2
+    return libc.mallinfo2
+
+
+def test_large_temporaries_come_from_the_heap_only_while_packing():
+    info = _mallinfo2()
+
+    def mmapped_by(n: int) -> int:
+        before = info().hblkhd
+        t = torch.empty(n, dtype=torch.uint8)
+        grown = info().hblkhd - before
+        del t
+        return grown
+
+    assert mmapped_by(64 << 20) >= 64 << 20  # glibc's default: a block this large is mmapped
+    with native.reused_heap():
+        assert mmapped_by(64 << 20) == 0
+        heap = info().arena
+        t = torch.empty(64 << 20, dtype=torch.uint8)
+        t.fill_(1)
+        assert info().arena - heap < 8 << 20  # the first one's freed block, reused: the heap did not grow by 64 MB
+        del t
+    assert mmapped_by(64 << 20) >= 64 << 20
