@@ -19,6 +19,7 @@ dequantized floats, as for every INT4 model here.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import gguf
@@ -95,8 +96,15 @@ def _t(a: np.ndarray) -> Tensor:
 
 
 def _nibbles(qs: np.ndarray) -> Tensor:
-    """[rows, blocks, 16] bytes -> q [rows, blocks * 32]: low nibbles are inputs 0..15, high ones 16..31."""
-    return torch.from_numpy(np.concatenate([qs & 0xF, qs >> 4], axis=-1).reshape(qs.shape[0], -1))
+    """[rows, blocks, 16] bytes -> q [rows, blocks * 32]: low nibbles are inputs 0..15, high ones 16..31.
+    In torch, into one output: its threads, and no temporaries (numpy's took 6 s of an 8B start)."""
+    with warnings.catch_warnings():  # a read-only file mapping: only read here
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.from_numpy(qs)
+    out = torch.empty(*qs.shape[:-1], 32, dtype=torch.uint8)
+    torch.bitwise_and(t, 0xF, out=out[..., :16])
+    torch.bitwise_right_shift(t, 4, out=out[..., 16:])
+    return out.reshape(qs.shape[0], -1)
 
 
 def _k4_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

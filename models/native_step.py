@@ -36,10 +36,11 @@ from .transformer import KVCache, Transformer
 log = logging.getLogger(__name__)
 
 
-def _interleave16(a: Tensor, b: Tensor) -> Tensor:
-    """[I, ..] twice -> [2I, ..] as a[0:16], b[0:16], a[16:32], ... (gate/up pairs, by output row)."""
+def _interleave16(a: Tensor, b: Tensor, rows: int = 16) -> Tensor:
+    """[I, ..] twice -> [2I, ..] as a[0:16], b[0:16], a[16:32], ... (gate/up pairs, by output row); `rows`: the
+    rows of a block (1 for packed tensors, whose first dimension already counts blocks of 16 output rows)."""
     n = a.shape[0]
-    out = torch.stack((a.reshape(n // 16, 16, *a.shape[1:]), b.reshape(n // 16, 16, *b.shape[1:])), dim=1)
+    out = torch.stack((a.reshape(n // rows, rows, *a.shape[1:]), b.reshape(n // rows, rows, *b.shape[1:])), dim=1)
     return out.reshape(2 * n, *a.shape[1:])
 
 
@@ -297,10 +298,10 @@ class NativeStep:
                          for q, z, s, mn in (m.q4_rows() for m in mods)]
                 for m in mods:  # the packed copy is what runs: a module that can read its weights again lets go
                     m.release()
-                if interleave:
-                    q, z, s, mn = (_interleave16(parts[0][j], parts[1][j]) for j in range(4))
-                else:
-                    q, z, s, mn = (torch.cat([p[j] for p in parts]) for j in range(4))
+                if interleave:  # packed apart, then their 16-row blocks interleaved: half the bytes of q moved
+                    a, b = (native.pack_q4_rows(q, z, s, group, mn if with_mins else None) for q, z, s, mn in parts)
+                    return {k: _interleave16(a[k], b[k], rows=1) for k in a}
+                q, z, s, mn = (torch.cat([p[j] for p in parts]) for j in range(4))
                 return native.pack_q4_rows(q, z, s, group, mn if with_mins else None)
 
             if K % 64 or group % 32 or (group % 64 and group != 32):
