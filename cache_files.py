@@ -117,11 +117,12 @@ def remove_orphans(folder: Path) -> None:
     whose process N no longer runs (a killed first start's would otherwise keep gigabytes forever)."""
     for p in Path(folder).glob(".*.pid*.tmp"):
         m = re.search(r"\.pid(\d+)\.[0-9a-f]{8}\.tmp$", p.name)
-        if m and not _running(int(m.group(1))):
+        if m and not pid_running(int(m.group(1))):
             _remove(p)
 
 
-def _running(pid: int) -> bool:
+def pid_running(pid: int) -> bool:
+    """Whether process `pid` runs (a temporary file or folder named for it may still be in use)."""
     if os.name == "nt":  # signal 0 is CTRL_C_EVENT there: never sent to ask
         return True
     try:
@@ -172,7 +173,7 @@ def save_safetensors_atomic(path: Path, tensors: dict[str, Tensor], metadata: di
     """Write tensors (detached, contiguous, on the CPU) as a safetensors file, whole or not at all; its sha256.
 
     Written here, not by `safetensors.torch.save_file`: that one copies every tensor into bytes first, and the
-    file was then read back for its hash. Here each tensor's own memory goes to the file and is hashed on a
+    file would then be read back for its hash. Here each tensor's own memory goes to the file and is hashed on a
     second thread meanwhile (an 8B model's 4.7 GB CPU layout: 10.6 s against 13.5, nearly all of it the page
     cache's writes on a VM). The format is the library's (tests/test_cache_files_atomic.py reads it with
     `safetensors`); other dtypes go through `save_file`. `stop`, when set, ends the write between pieces

@@ -239,9 +239,9 @@ def _pad_columns(t: Tensor, n: int) -> Tensor:
 def reused_heap() -> Iterator[None]:
     """While packing, glibc's malloc serves every block from its heap and keeps what is freed, so the next
     temporary reuses pages already faulted in; at the end what is free goes back to the system
-    (`malloc_trim`). Why: packing makes temporaries of tens to hundreds of MB per matrix, and each one,
-    mmapped afresh, was faulted in and zeroed by the kernel again (huge pages zeroed: 28% of an 8B GGUF's
-    first-start CPU time in `clear_page_erms`). A no-op without glibc's `mallopt`."""
+    (`malloc_trim`). Why: packing makes temporaries of tens to hundreds of MB per matrix, and each one
+    mmapped afresh is faulted in and zeroed by the kernel (without this, 28% of an 8B GGUF's first-start CPU
+    time is `clear_page_erms`). A no-op without glibc's `mallopt`."""
     libc = _libc()
     if libc is None:
         yield

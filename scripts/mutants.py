@@ -441,7 +441,7 @@ MUTANTS: list[Mutant] = [
            "",
            ("tests/test_gguf_layout_cache.py",)),
     Mutant("orphan-removal-takes-a-running-writers-file", "cache_files.py",
-           "if m and not _running(int(m.group(1))):",
+           "if m and not pid_running(int(m.group(1))):",
            "if m:",
            ("tests/test_gguf_layout_cache.py",)),
     Mutant("distill-rest-outcome-dropped", "models/quantize/distill.py",

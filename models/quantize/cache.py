@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
-from ...cache_files import CACHE_ENV, cache_dir, file_sha256, fsync_folder, replace_folder
+from ...cache_files import CACHE_ENV, cache_dir, file_sha256, fsync_folder, pid_running, replace_folder
 from ..errors import ModelLoadError
 from ..progress import Progress, ProgressFn
 from ..resolve import ModelFiles
@@ -115,16 +115,6 @@ def verify(folder: Path, key: dict[str, Any]) -> str | None:
     return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def clean_stale(root: Path) -> None:
     """Remove temporary build folders whose builder process is gone (killed or crashed).
 
@@ -135,7 +125,7 @@ def clean_stale(root: Path) -> None:
         return
     for p in root.glob(".tmp-*"):
         m = re.search(r"\.pid(\d+)\.", p.name)
-        if m and not _pid_alive(int(m.group(1))):
+        if m and not pid_running(int(m.group(1))):
             shutil.rmtree(p, ignore_errors=True)
 
 
