@@ -252,7 +252,30 @@ def finish_cache_writes(cancel: bool = False) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run a command; bad input, Ctrl-C, a full disk and an unusable device end in one line, not a traceback."""
+    """Run a command; bad input, Ctrl-C, a full disk and an unusable device end in one line, not a traceback.
+    However it ends, a CPU layout still being written is said and waited for (or given up after Ctrl-C)."""
+    try:
+        code = _command(argv)
+    except BaseException:  # a traceback on its way: the write still lands, and is said
+        _finish_writes()
+        raise
+    if not _finish_writes():
+        print("parley: interrupted (nothing half-written is kept)", file=sys.stderr)
+        return 130
+    return code
+
+
+def _finish_writes() -> bool:
+    """`finish_cache_writes` as a command ends; False where Ctrl-C gave the write up (wherever it landed)."""
+    try:
+        finish_cache_writes()
+        return True
+    except KeyboardInterrupt:
+        finish_cache_writes(cancel=True)
+        return False
+
+
+def _command(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["chat", *argv]
@@ -266,9 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("chat", "generate", "web", "quantize", "bench", "serve"):
             if getattr(args, "unavailable", None):
                 parser.error(f"{' '.join(argv[:2])} is unavailable: {args.unavailable}")
-            code = args.module.run(args)
-            finish_cache_writes()
-            return code
+            return args.module.run(args)
     except ValueError as e:  # bad input: the message names the value and the fix
         end_progress()  # on its own line, not after "load: reading the weights…"
         print(f"parley: error: {e}", file=sys.stderr)

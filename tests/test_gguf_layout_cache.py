@@ -197,6 +197,44 @@ def test_the_cli_says_it_is_writing_the_layout_and_waits_for_it(tmp_path, monkey
     assert sorted(p.suffix for p in folder.glob("native-*")) == [".json", ".safetensors"]
 
 
+def test_a_command_ending_in_an_error_still_says_it_writes_the_layout_and_waits(tmp_path, monkeypatch, capsys):
+    """An error after the step was built (bad input met mid-command) prints its one line, then the write is said
+    and waited for as after a reply, not silently by the interpreter on its way out."""
+    from parley.app import generate
+    from parley.app.cli import main
+
+    path = tiny_gguf(tmp_path / "tiny.gguf", seed=3)
+    release = threading.Event()
+    real_save, real_wait, real_run = native_cache.save_safetensors_atomic, native_cache.wait_for_saves, generate.run
+
+    def held(*a, **k):
+        assert release.wait(timeout=600), "never released"
+        return real_save(*a, **k)
+
+    def waiting() -> None:
+        release.set()
+        real_wait()
+
+    def run_then_fail(args):
+        real_run(args)
+        assert native_cache.pending_saves(), "the write ended before the command did: nothing to wait for"
+        raise ValueError("a problem met after the reply")
+
+    monkeypatch.setattr(native_cache, "save_safetensors_atomic", held)
+    monkeypatch.setattr(native_cache, "wait_for_saves", waiting)
+    monkeypatch.setattr(generate, "run", run_then_fail)
+    try:
+        assert main(["generate", "--model", str(path), "--quant", "gguf", "--temperature", "0",
+                     "--max-new-tokens", "2", "--raw", "hello"]) == 2
+    finally:
+        release.set()
+    err = capsys.readouterr().err
+    assert "parley: error: a problem met after the reply" in err
+    assert "writing the CPU layout for the next start" in err.split("a problem met after the reply", 1)[1]
+    folder = native_cache.gguf_place(resolve(str(path))).folder
+    assert sorted(p.suffix for p in folder.glob("native-*")) == [".json", ".safetensors"]
+
+
 def test_ctrl_c_while_the_cli_waits_for_the_write_leaves_nothing(tmp_path):
     """Ctrl-C while `parley generate` says it is writing the layout: exit 130 at once, no layout and no
     temporary file (the interpreter must not exit under a write it believes ended)."""
