@@ -479,7 +479,7 @@ def shared_passes(run: Run) -> dict:
             prompt = torch.randint(0, model.config.vocab_size, (1, n), generator=gen).to(run.device)
             model(prompt, torch.arange(n, device=run.device)[None], cache, True, window)
             caches.append(cache)
-            spans.append(Span(slice(i, i + 1), torch.tensor([n], device=run.device), cache, window))
+            spans.append(Span(slice(i, i + 1), torch.tensor([n], device=run.device), cache))
         tokens = torch.randint(0, model.config.vocab_size, (4,), generator=gen).to(run.device)
         alone = [model.forward_spans(tokens[i : i + 1], [s._replace(rows=slice(0, 1))], ROW_TILE)
                  for i, s in enumerate(spans)]

@@ -53,9 +53,9 @@ class CachedModel:
     """Owns a model's KV cache; `ids` are exactly the tokens whose keys/values it holds, in order.
 
     It chooses the step a pass runs (`step_kind`): `native` (the CPU step `prepare_for_device` built,
-    for every pass), else `tiled` (PARLEY_SHARED_PASSES=1: `forward_spans` in ROW_TILE-row passes, shared between
-    slots), `graphed` (CUDA graphs for decode and verification), `compiled` (torch.compile of the decode step) or
-    `torch` (the model's own forward).
+    for every pass), else `tiled` (PARLEY_SHARED_PASSES=1: every pass as `forward_spans` in ROW_TILE-row tiles,
+    shared between slots), `graphed` (CUDA graphs for decode and verification), `compiled` (torch.compile of the
+    decode step) or `torch` (the model's own forward).
     """
 
     def __init__(self, model: Transformer, max_len: int, *, compile: bool = False, kv_cache: str = "fp",
@@ -77,7 +77,7 @@ class CachedModel:
         # instead of ~1,300; a shape whose capture fails stays eager (`graphed.fallbacks` says why).
         graphed = native is None and graphs_enabled(self.device)
         self.graphed = GraphedStep(self._graph_step, self.device, max_len) if graphed else None
-        # decode and verification passes of <= row_tile rows run as ROW_TILE-row tiles, alone or shared (0: not)
+        # every pass runs in ROW_TILE-row tiles, alone or shared (0: not)
         self.row_tile = ROW_TILE if native is None and shared_passes() else 0
         self.ids: list[int] = []
         self._fed: list[int] = []  # the last forward's tokens, whose KV sits uncommitted after `ids`
@@ -142,10 +142,6 @@ class CachedModel:
         if last_only:
             return logits[len(logits) - (len(tokens) - wanted):]
         return logits[wanted:]
-
-    def _tiled(self, tokens: list[int], wanted: int) -> bool:
-        """Whether a pass runs as a ROW_TILE-row tile: decode and verification, not prefill chunks."""
-        return bool(self.row_tile) and len(tokens) <= self.row_tile and wanted < max(1, len(tokens) - 1)
 
     def commit_path(self, nodes: list[int]) -> None:
         """Claim the KV of a path of the last tree (nodes[0] = 0, each the next one's parent): its slots are
@@ -240,9 +236,8 @@ def forward_batch(parts: list[Part]) -> list[Tensor]:
 
     On the native step every part shares one call (the products read the weights once for all rows; each row
     attends its own cache), and each part's logits are bitwise those of its pass alone. On the PyTorch path, with
-    `row_tile` (PARLEY_SHARED_PASSES=1), decode and verification parts share passes of exactly ROW_TILE rows, alone
-    or not, so each part's logits are again those of its pass alone (its products are batch invariant across the
-    rows of one row count, not across counts); otherwise, and for prefill chunks, each part runs as it does alone."""
+    `row_tile` (PARLEY_SHARED_PASSES=1), every row runs in a pass of exactly ROW_TILE rows (`_torch_passes`), so
+    each part's logits and K/V are again those of its pass alone; otherwise each part runs as it does alone."""
     for model, tokens, parents, wanted in parts:
         end = len(model.ids) + len(tokens)
         if end > model.max_len:
@@ -262,43 +257,56 @@ def forward_batch(parts: list[Part]) -> list[Tensor]:
 
 
 def _torch_passes(parts: list[Part]) -> list[Tensor]:
-    """The PyTorch path: decode and verification parts of models with `row_tile` share ROW_TILE-row passes (as
-    many as their rows need, in order); every other part (a prefill chunk) runs alone, as it does alone."""
+    """The PyTorch path. Parts of a model with `row_tile` run in passes of exactly ROW_TILE rows, prefill chunks and
+    a first round's prompt rows too: a part is cut into pieces of ROW_TILE rows, run in order (each attends the K/V
+    the pieces before it wrote), and the pieces of several parts share a tile. Its products are batch invariant
+    across the rows of one row count, not across counts, so a row's K/V and logits are then the same however the
+    scheduler cut the prompt, however many guesses rode with it and whatever shared its tile; a pass of the length
+    the row happened to be in would change their last bits, and a sampled reply's draws with them. Other parts run
+    alone, as they do alone."""
     out: list[Tensor | None] = [None] * len(parts)
-    group: list[int] = []
+    pieces: dict[int, list[Tensor]] = {}
+    tile: list[tuple[int, int, int]] = []  # (part, first row, end row)
 
     def flush() -> None:
-        for i, logits in zip(group, _tiled_pass([parts[i] for i in group]), strict=True):
-            out[i] = logits
-        group.clear()
+        for (i, _, _), logits in zip(tile, _tiled_pass([(parts[i], a, b) for i, a, b in tile]), strict=True):
+            pieces[i].append(logits)
+        tile.clear()
 
     for i, (model, tokens, _, wanted) in enumerate(parts):
-        if not model._tiled(tokens, wanted):
+        if not model.row_tile:
             out[i] = model._single(tokens, wanted)
             continue
-        if group and (sum(len(parts[j][1]) for j in group) + len(tokens) > ROW_TILE
-                      or parts[group[0]][0].model is not model.model):
-            flush()
-        group.append(i)
-    if group:
+        pieces[i] = []
+        for a in range(0, len(tokens), ROW_TILE):
+            b = min(a + ROW_TILE, len(tokens))
+            if tile and (sum(e - s for _, s, e in tile) + b - a > ROW_TILE
+                         or parts[tile[0][0]][0].model is not model.model):
+                flush()
+            tile.append((i, a, b))
+    if tile:
         flush()
+    for i, logits in pieces.items():
+        out[i] = torch.cat(logits)
     return out  # type: ignore[return-value]
 
 
-def _tiled_pass(parts: list[Part]) -> list[Tensor]:
-    """One ROW_TILE-row pass over the parts' rows (Transformer.forward_spans): each part's logits from `wanted`."""
-    model = parts[0][0]
-    spans, tokens, at = [], [], 0
-    for m, toks, _, _ in parts:
-        start, end = len(m.ids), len(m.ids) + len(toks)
-        spans.append(Span(slice(at, at + len(toks)), torch.arange(start, end, device=m.device), m.cache,
-                          attention_window(end, m.max_len)))
-        tokens.extend(toks)
-        at += len(toks)
+def _tiled_pass(pieces: list[tuple[Part, int, int]]) -> list[Tensor]:
+    """One ROW_TILE-row pass (Transformer.forward_spans) over rows a:b of each part: their logits from the part's
+    `wanted` on. The head runs only where some row's logits are wanted."""
+    model = pieces[0][0][0]
+    spans, tokens, at, keep = [], [], 0, []
+    for (m, toks, _, wanted), a, b in pieces:
+        start = len(m.ids) + a
+        spans.append(Span(slice(at, at + b - a), torch.arange(start, start + b - a, device=m.device), m.cache))
+        tokens.extend(toks[a:b])
+        keep.append(min(max(wanted - a, 0), b - a))
+        at += b - a
     if model.tuner is not None:
         model.tuner.bulk()  # one thread count for every tile: a product's arithmetic may follow it
-    logits = model.model.forward_spans(torch.tensor(tokens, device=model.device), spans, ROW_TILE)
-    return [logits[s.rows][wanted:] for s, (_, _, _, wanted) in zip(spans, parts, strict=True)]
+    head = any(k < len(s.positions) for k, s in zip(keep, spans, strict=True))
+    logits = model.model.forward_spans(torch.tensor(tokens, device=model.device), spans, ROW_TILE, head=head)
+    return [logits[s.rows][k:] for s, k in zip(spans, keep, strict=True)]
 
 
 def _native_pass(native, parts: list[Part]) -> list[Tensor]:

@@ -88,9 +88,10 @@ class KVPool:
     def share_prefix(self, slot: CachedModel, ids: list[int]) -> int:
         """Before `slot` reads the prompt `ids`: where another slot holds a prefix of it at least SHARE_MIN tokens
         longer than `slot` does, copy that slot's KV instead of computing it (several clients with one system
-        prompt, or one document). Only on the native step, whose K/V are bitwise what `slot` would compute; the
-        PyTorch path's depend on the pass's shape. Returns the tokens copied."""
-        if slot.native is None:
+        prompt, or one document). Only where a position's K/V are bitwise what `slot` would compute: the native
+        step, and the PyTorch path in ROW_TILE-row tiles (untiled, its K/V depend on the pass's shape). Returns the
+        tokens copied."""
+        if slot.native is None and not slot.row_tile:
             return 0
         have = common_prefix(slot.ids, ids)
         donor = max((s for s in self.slots if s is not slot), key=lambda s: common_prefix(s.ids, ids), default=None)

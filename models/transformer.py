@@ -178,12 +178,11 @@ class SequenceCache:
 
 class Span(NamedTuple):
     """One sequence's rows in a shared pass (`Transformer.forward_spans`): rows `rows` of the pass, at `positions`
-    [T], writing their K/V into `cache` and attending its first `window` slots."""
+    [T], writing their K/V into `cache`; each row attends the keys up to its own position."""
 
     rows: slice
     positions: Tensor
     cache: KVCache
-    window: int
 
 
 class RMSNorm(nn.Module):
@@ -253,9 +252,9 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(c.head_dim, c.norm_eps)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, pos: Tensor | None,
-                cache: KVCache | list[tuple[Span, dict[int, Tensor]]]) -> Tensor:
-        """`cache` a list of (span, its masks by layer window): a shared pass, each span attending its own cache
-        (rows past the last span are padding: their attention output is zero)."""
+                cache: KVCache | list[Span]) -> Tensor:
+        """`cache` a list of spans: a shared pass, each span attending its own cache (rows past the last span are
+        padding: their attention output is zero)."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
@@ -265,18 +264,38 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if isinstance(cache, list):
-            ys = [self._attend(q[:, :, s.rows], k[:, :, s.rows], v[:, :, s.rows], masks[self.window],
-                               s.positions, s.cache) for s, masks in cache]
+            ys = [self._attend_rows(q[:, :, s.rows], k[:, :, s.rows], v[:, :, s.rows], s.positions, s.cache)
+                  for s in cache]
             pad = T - sum(y.shape[1] for y in ys)
             y = torch.cat([*ys, x.new_zeros(B, pad, self.n_heads * self.head_dim)], dim=1)
         else:
             y = self._attend(q, k, v, mask, pos, cache)
         return self.o_proj(y)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, pos: Tensor, cache: KVCache) -> Tensor:
+    def _triton(self, q: Tensor) -> bool:
+        return q.is_cuda and q.shape[2] <= 16 and q.shape[0] == 1 and USE_TRITON_ATTENTION and not self.window
+
+    def _attend_rows(self, q: Tensor, k: Tensor, v: Tensor, pos: Tensor, cache: KVCache) -> Tensor:
+        """`_attend` for one sequence's rows of a shared pass, each row on its own: a row's output then does not
+        depend on how many rows of its sequence the pass holds, nor on where the pass ends. (One product over T
+        query rows, or over a bucketed window under a mask, changes its last bits with T and with the window: the
+        same prompt read in different pieces then held different K/V.) The Triton kernel works this way already."""
+        if self._triton(q):
+            return self._attend(q, k, v, None, pos, cache)
+        B, _, T, _ = q.shape
+        keys, values = cache.update(self.layer, pos, k, v, int(pos.max()) + 1)
+        ys = []
+        for i, p in enumerate(pos.tolist()):
+            lo = max(0, p + 1 - self.window) if self.window else 0  # keys p - window < j <= p
+            ys.append(F.scaled_dot_product_attention(q[:, :, i : i + 1], keys[:, :, lo : p + 1],
+                                                     values[:, :, lo : p + 1], scale=self.scale,
+                                                     enable_gqa=self.n_heads != self.n_kv_heads))
+        return torch.cat(ys, dim=2).transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, pos: Tensor, cache: KVCache) -> Tensor:
         """Write k/v [B, KVH, T, D] at `pos` and attend: [B, T, H * D]."""
         B, _, T, _ = q.shape
-        if q.is_cuda and T <= 16 and B == 1 and USE_TRITON_ATTENTION and not self.window:
+        if self._triton(q):
             # Decode and verification on CUDA: the Triton kernel reads the cache in its stored form, each
             # row up to its own position (no mask), in a fixed order: batch invariant, graph-capturable.
             from ..kernels.triton_attention import decode_attention, write_kv
@@ -285,6 +304,7 @@ class Attention(nn.Module):
             write_kv(cache.kind, layer, k[0], v[0], pos)
             y = decode_attention(q[0].transpose(0, 1), cache.kind, layer, pos, self.scale)
             return y.reshape(B, T, self.n_heads * self.head_dim)
+        assert mask is not None
         k, v = cache.update(self.layer, pos, k, v, mask.shape[-1])
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
                                            enable_gqa=self.n_heads != self.n_kv_heads)
@@ -406,8 +426,9 @@ class Transformer(nn.Module):
             x = x[:, -1:]
         return self.lm_head(self.norm(x)).float()
 
-    def forward_spans(self, tokens: Tensor, spans: list[Span], rows: int) -> Tensor:
-        """Several sequences in one pass: tokens [N] (the spans' rows, in order) -> logits [N, V] in fp32.
+    def forward_spans(self, tokens: Tensor, spans: list[Span], rows: int, head: bool = True) -> Tensor:
+        """Several sequences in one pass: tokens [N] (the spans' rows, in order) -> logits [N, V] in fp32 (left
+        unset without the `head`: a pass that only writes K/V).
 
         The norms and products see the pass as one matrix of `rows` >= N rows (zero-padded), so a row's arithmetic
         is the same in every pass of `rows` rows whatever else shares it (the fp products are not batch invariant
@@ -418,11 +439,12 @@ class Transformer(nn.Module):
         positions = torch.cat([s.positions for s in spans])
         x = self.embed(F.pad(tokens, (0, rows - n))[None])
         rope = self._ropes(F.pad(positions, (0, rows - n))[None], x.dtype)
-        spans_masks = [(s, self._masks(s.positions[None], s.window)) for s in spans]
         for layer in self.layers:
             w = layer.self_attn.window
             cos, sin = rope[bool(w) and True in rope]
-            x = layer(x, cos, sin, None, None, spans_masks)
+            x = layer(x, cos, sin, None, None, spans)
+        if not head:
+            return torch.empty(n, self.config.vocab_size, device=x.device)
         return self.lm_head(self.norm(x)).float()[0, :n]
 
     def _ropes(self, positions: Tensor, dtype: torch.dtype) -> dict[bool, tuple[Tensor, Tensor]]:

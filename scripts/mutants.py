@@ -110,12 +110,24 @@ MUTANTS: list[Mutant] = [
            "            if waited <= 2 * saved:\n                return False\n",
            ("tests/test_replies_sharing_a_prompt_prefix_copy_its_kv.py",)),
     Mutant("torch-shared-pass-sized-by-its-rows", "engine/cached_model.py",
-           "spans, ROW_TILE)",
-           "spans, len(tokens))",
+           "spans, ROW_TILE, head=head)",
+           "spans, len(tokens), head=head)",
            ("tests/test_torch_path_shared_passes_equal_solo.py",)),
+    Mutant("torch-tiles-leave-prefill-alone", "engine/cached_model.py",
+           "        if not model.row_tile:\n",
+           "        if not model.row_tile or wanted >= len(tokens) - 1:\n",
+           ("tests/test_torch_path_shared_passes_equal_solo.py::"
+            "test_a_prompt_read_in_any_pieces_holds_the_same_kv_and_logits[none-int8]",)),
+    Mutant("shared-pass-span-attends-in-one-product", "models/transformer.py",
+           "        if self._triton(q):\n            return self._attend(q, k, v, None, pos, cache)\n",
+           "        if True:\n"
+           "            slots = torch.arange(-(-(int(pos.max()) + 1) // 256) * 256, device=q.device)\n"
+           "            return self._attend(q, k, v, (slots <= pos[:, None])[None, None], pos, cache)\n",
+           ("tests/test_torch_path_shared_passes_equal_solo.py::"
+            "test_a_prompt_read_in_any_pieces_holds_the_same_kv_and_logits[none-int8]",)),
     Mutant("shared-pass-spans-ignore-sliding-windows", "models/transformer.py",
-           "masks[self.window],\n",
-           "masks[0],\n",
+           "lo = max(0, p + 1 - self.window) if self.window else 0",
+           "lo = 0",
            ("tests/test_forward_spans_rows_equal_their_sequence_alone.py",)),
     Mutant("suffix-trie-truncate-keeps-count", "engine/suffix_trie.py",
            "                count[c] -= 1\n",

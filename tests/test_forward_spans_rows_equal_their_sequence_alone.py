@@ -45,7 +45,7 @@ def test_each_span_gets_its_pass_alone(arch: str) -> None:
             prompt = torch.randint(0, 300, (1, depth), generator=g)
             model(prompt, torch.arange(depth)[None], cache, True, window)
             caches.append(cache)
-            spans.append(Span(slice(at, at + rows), torch.arange(depth, depth + rows), cache, window))
+            spans.append(Span(slice(at, at + rows), torch.arange(depth, depth + rows), cache))
             tokens.append(torch.randint(0, 300, (rows,), generator=g))
             at += rows
         together = model.forward_spans(torch.cat(tokens), spans, 16)

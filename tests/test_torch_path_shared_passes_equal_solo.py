@@ -1,8 +1,10 @@
-"""The PyTorch path shares passes between sequences (PARLEY_SHARED_PASSES=1, what a GPU server would run): decode
-and verification rows of several sequences go through one pass of exactly ROW_TILE rows, each sequence attending its
-own cache, and each sequence's logits are bitwise those of its pass alone (which is a ROW_TILE-row pass too): fp32
-and INT4 weights (the Int4Linear modules and the int8 head a GPU runs, here on their CPU kernels), every KV cache
-type. Then whole replies: four clients at once, greedy, seeded sampling and speculation, each bitwise its solo text."""
+"""The PyTorch path shares passes between sequences (PARLEY_SHARED_PASSES=1, what a GPU server would run): every row
+of several sequences goes through passes of exactly ROW_TILE rows, each sequence attending its own cache, and each
+sequence's logits are bitwise those of its pass alone (which is a ROW_TILE-row pass too): fp32 and INT4 weights (the
+Int4Linear modules and the int8 head a GPU runs, here on their CPU kernels), every KV cache type. A prompt read in
+any pieces (how the scheduler cut it, what a slot reused, how many guesses rode with its last rows) holds the same
+K/V and gives the same logits. Then whole replies on the INT4 modules: four clients at once, greedy, seeded sampling
+and speculation, each bitwise its solo text on a one-slot engine that served the others before it."""
 
 from __future__ import annotations
 
@@ -64,6 +66,53 @@ def test_each_sequence_of_a_shared_pass_gets_its_logits_alone(quant: str, kind: 
             assert torch.equal(a, b), f"seed {seed}, {quant}, {kind}: sequence {i} of a pass of {lengths} rows"
 
 
+@pytest.mark.parametrize("kind", KV_CACHE_TYPES)
+@pytest.mark.parametrize("quant", ["none", "awq"])
+def test_a_prompt_read_in_any_pieces_holds_the_same_kv_and_logits(quant: str, kind: str, monkeypatch) -> None:
+    """Pieces of any length (a prefill chunk longer than a tile, a first round's prompt rows with guesses after
+    them, a slot's reused prefix after another conversation, a prefix copied from another slot, as `parley serve`
+    does for a shared system prompt): every position's K/V and each wanted row's logits
+    are bitwise those of the prompt read whole. A row's products run at ROW_TILE rows whatever its piece, and its
+    attention on its own, not in one product over its piece's rows under a window that ends with the piece."""
+    seed = 31 + KV_CACHE_TYPES.index(kind)
+    rng = random.Random(seed)
+    essay = heldout("essays.txt")
+    start = rng.randrange(len(essay) - 2000)
+    eng = engine(quant, kind, 1, monkeypatch)
+    ids = eng.tokenizer.encode(essay[start : start + 1000])[:150]
+    other = ids[:40] + eng.tokenizer.encode(essay[start + 1000 : start + 1500])[:60]
+
+    def read(cuts: list[int], before: list[int] | None = None, copied: bool = False):
+        pool = engine(quant, kind, 2, monkeypatch).pool
+        slot = pool.take(ids)
+        if before:  # another conversation first: the slot keeps the prefix it shares with `ids`
+            forward_batch([(slot, before, None, len(before))])
+            slot.commit(len(before))
+            slot.rollback(40)
+        if copied:  # another slot read the first 60 tokens: their K/V are copied, not computed
+            donor = pool.take(ids[:60])
+            forward_batch([(donor, ids[:60], None, 60)])
+            donor.commit(60)
+            assert pool.share_prefix(slot, ids) == 60
+        wanted, at = [], len(slot.ids)
+        for end in [*cuts, len(ids)]:
+            piece = ids[at:end]  # the last two rows' logits wanted, as a first round's pending token and guess
+            wanted.extend(forward_batch([(slot, piece, None, max(0, len(piece) - 2))])[0])
+            slot.commit(len(piece))
+            at = end
+        cache = slot.cache
+        return wanted[-2:], [cache._read(i, w)[..., : len(ids), :] for i in range(cache.n_layers) for w in "kv"]
+
+    whole_logits, whole_kv = read([])
+    for cuts, before, copied in (([16, 32, 100], None, False), ([5, 21, 37, 149], None, False),
+                                 ([57, 120], other, False), ([77], None, True)):
+        logits, kv = read(cuts, before, copied)
+        assert all(torch.equal(a, b) for a, b in zip(whole_logits, logits, strict=True)), \
+            f"seed {seed}, {quant}, {kind}: logits differ when the prompt is read in pieces ending at {cuts}"
+        assert all(torch.equal(a, b) for a, b in zip(whole_kv, kv, strict=True)), \
+            f"seed {seed}, {quant}, {kind}: K/V differ when the prompt is read in pieces ending at {cuts}"
+
+
 QUESTIONS = ("Write a long story about a lighthouse keeper.", "Name three colours.",
              "What is the capital of Portugal, and one fact about it?", "Suggest a quick vegetarian lunch.")
 
@@ -77,10 +126,10 @@ def test_clients_at_once_get_their_solo_replies(kind: str, monkeypatch) -> None:
               GenerationParams(temperature=0.7, seed=seed + 1, repeat_penalty=1.1, max_new_tokens=22,
                                speculation="auto")]
     messages = [[{"role": "user", "content": q}] for q in QUESTIONS]
-    solo_engine = engine("none", kind, 1, monkeypatch)
+    solo_engine = engine("awq", kind, 1, monkeypatch)  # one slot: each reply reuses its prefix from the one before
     solo = [consume(solo_engine.session().reply(m, p)).text for m, p in zip(messages, params, strict=True)]
 
-    shared = engine("none", kind, 4, monkeypatch)
+    shared = engine("awq", kind, 4, monkeypatch)
     results: list = [None] * 4
     threads = [threading.Thread(target=lambda i=i: results.__setitem__(
         i, consume(shared.session().reply(messages[i], params[i]))), daemon=True) for i in range(4)]
