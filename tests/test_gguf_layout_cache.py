@@ -170,10 +170,9 @@ def test_a_cancelled_write_keeps_nothing(tmp_path, monkeypatch):
     assert torch.equal(logits(path), want) and len(layouts(path)) == 2
 
 
-def test_the_cli_says_it_is_writing_the_layout_and_waits_for_it(tmp_path, monkeypatch, capsys):
-    from parley.app.cli import main
-
-    path = tiny_gguf(tmp_path / "tiny.gguf", seed=3)
+def write_held_until_the_cli_waits(monkeypatch) -> threading.Event:
+    """The layout's write waits until the command waits for it (so the command surely ends first); the returned
+    event lets it go regardless, for a test that fails before."""
     release = threading.Event()
     real_save, real_wait = native_cache.save_safetensors_atomic, native_cache.wait_for_saves
 
@@ -187,9 +186,19 @@ def test_the_cli_says_it_is_writing_the_layout_and_waits_for_it(tmp_path, monkey
 
     monkeypatch.setattr(native_cache, "save_safetensors_atomic", held)
     monkeypatch.setattr(native_cache, "wait_for_saves", waiting)
+    return release
+
+
+GENERATE = ["generate", "--quant", "gguf", "--temperature", "0", "--max-new-tokens", "2", "--raw", "hello"]
+
+
+def test_the_cli_says_it_is_writing_the_layout_and_waits_for_it(tmp_path, monkeypatch, capsys):
+    from parley.app.cli import main
+
+    path = tiny_gguf(tmp_path / "tiny.gguf", seed=3)
+    release = write_held_until_the_cli_waits(monkeypatch)
     try:
-        assert main(["generate", "--model", str(path), "--quant", "gguf", "--temperature", "0",
-                     "--max-new-tokens", "2", "--raw", "hello"]) == 0
+        assert main([*GENERATE, "--model", str(path)]) == 0
     finally:
         release.set()
     assert "writing the CPU layout for the next start" in capsys.readouterr().err
@@ -204,28 +213,17 @@ def test_a_command_ending_in_an_error_still_says_it_writes_the_layout_and_waits(
     from parley.app.cli import main
 
     path = tiny_gguf(tmp_path / "tiny.gguf", seed=3)
-    release = threading.Event()
-    real_save, real_wait, real_run = native_cache.save_safetensors_atomic, native_cache.wait_for_saves, generate.run
-
-    def held(*a, **k):
-        assert release.wait(timeout=600), "never released"
-        return real_save(*a, **k)
-
-    def waiting() -> None:
-        release.set()
-        real_wait()
+    real_run = generate.run
 
     def run_then_fail(args):
         real_run(args)
         assert native_cache.pending_saves(), "the write ended before the command did: nothing to wait for"
         raise ValueError("a problem met after the reply")
 
-    monkeypatch.setattr(native_cache, "save_safetensors_atomic", held)
-    monkeypatch.setattr(native_cache, "wait_for_saves", waiting)
     monkeypatch.setattr(generate, "run", run_then_fail)
+    release = write_held_until_the_cli_waits(monkeypatch)
     try:
-        assert main(["generate", "--model", str(path), "--quant", "gguf", "--temperature", "0",
-                     "--max-new-tokens", "2", "--raw", "hello"]) == 2
+        assert main([*GENERATE, "--model", str(path)]) == 2
     finally:
         release.set()
     err = capsys.readouterr().err
