@@ -279,7 +279,7 @@ class Attention(nn.Module):
         """`_attend` for one sequence's rows of a shared pass, each row on its own: a row's output then does not
         depend on how many rows of its sequence the pass holds, nor on where the pass ends. (One product over T
         query rows, or over a bucketed window under a mask, changes its last bits with T and with the window: the
-        same prompt read in different pieces then held different K/V.) The Triton kernel works this way already."""
+        same prompt read in different pieces would hold different K/V.) The Triton kernel works this way already."""
         if self._triton(q):
             return self._attend(q, k, v, None, pos, cache)
         B, _, T, _ = q.shape
