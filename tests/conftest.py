@@ -35,6 +35,7 @@ def _isolated_dirs_for_fixtures(tmp_path_factory):
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     with pytest.MonkeyPatch.context() as mp:
         _set_dirs(mp, shared / "fixtures")
+        mp.setenv("PARLEY_TEST_SHARED_CACHE", str(shared / "fixtures" / "parley-cache"))  # real_engines.int4_path
         yield
 
 

@@ -10,8 +10,11 @@ weights are, and the smaller set quantizes in a fraction of the time (minutes on
 from __future__ import annotations
 
 import functools
+import os
 import random
 from importlib import resources
+
+import pytest
 
 from parley.engine.engine import Engine
 from parley.models.quantize.cache import ensure_quantized
@@ -23,12 +26,18 @@ QUANTS = ["awq", "none"]  # the default engine first
 TEST_CALIBRATION = {"calib": "builtin", "n_samples": 4, "seq_len": 128}
 
 
+def int4_path() -> str:
+    """The tests' INT4 folder, quantized once a run by whichever test asks first: in the cache that all of a run's
+    workers share (conftest), not in the asking test's own, where every worker would quantize it again."""
+    with pytest.MonkeyPatch.context() as mp:
+        if shared := os.environ.get("PARLEY_TEST_SHARED_CACHE"):
+            mp.setenv("PARLEY_CACHE_DIR", shared)
+        return str(ensure_quantized(resolve(None), **TEST_CALIBRATION).path)
+
+
 @functools.cache
 def loaded(quant: str) -> Engine:
-    ref = None
-    if quant == "awq":
-        ref = str(ensure_quantized(resolve(None), **TEST_CALIBRATION).path)
-    return Engine.load(ref, quant=quant, device="cpu", context_window=256)
+    return Engine.load(int4_path() if quant == "awq" else None, quant=quant, device="cpu", context_window=256)
 
 
 def fresh(quant: str, context_window: int = 1024, draft=None, parallel: int | None = None,

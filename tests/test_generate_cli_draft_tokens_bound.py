@@ -13,12 +13,10 @@ import sys
 from importlib import resources
 
 import pytest
-from real_engines import TEST_CALIBRATION
+from real_engines import int4_path
 
 from parley.app.cli import SAMPLING_FLAGS
 from parley.engine.params import GenerationParams
-from parley.models.quantize.cache import ensure_quantized
-from parley.models.resolve import resolve
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +24,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def int4() -> str:
     """The INT4 folder a first run writes (the tests' smaller calibration: minutes saved, the same engine code)."""
-    return str(ensure_quantized(resolve(None), **TEST_CALIBRATION).path)
+    return int4_path()
 
 
 def generate(int4: str, prompt: str, *flags: str) -> tuple[str, dict]:

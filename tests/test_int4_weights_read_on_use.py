@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 from awq_tiny import outlier_model
-from real_engines import TEST_CALIBRATION
+from real_engines import int4_path
 from test_awq_checkpoint_loads import fp16_rounded, tokenizer_files
 
 from parley.engine.engine import Engine
@@ -17,7 +17,6 @@ from parley.models.errors import ModelLoadError
 from parley.models.loading import load_model
 from parley.models.native_step import NativeStep
 from parley.models.quantize.awq import AWQSettings, awq_quantize
-from parley.models.quantize.cache import ensure_quantized
 from parley.models.quantize.checkpoint import save_awq
 from parley.models.quantize.int4_linear import Int4Linear, decoder_linears
 from parley.models.resolve import resolve
@@ -39,7 +38,7 @@ def held(lin: Int4Linear) -> dict[str, torch.Tensor]:
 
 def test_the_default_engine_holds_no_module_copy_and_replies():
     # loaded afresh (not the tests' shared engine, whose modules other tests' references read)
-    engine = Engine.load(str(ensure_quantized(resolve(None), **TEST_CALIBRATION).path), device="cpu",
+    engine = Engine.load(int4_path(), device="cpu",
                          context_window=256)
     assert engine.native is not None
     lins = [lin for _, _, lin in decoder_linears(engine.model)]

@@ -14,15 +14,13 @@ import threading
 
 import pytest
 import torch
-from real_engines import TEST_CALIBRATION, heldout
+from real_engines import heldout, int4_path
 
 from parley.engine import cached_model
 from parley.engine.cached_model import ROW_TILE, forward_batch
 from parley.engine.engine import Engine
 from parley.engine.events import consume
 from parley.engine.params import GenerationParams
-from parley.models.quantize.cache import ensure_quantized
-from parley.models.resolve import resolve
 from parley.models.transformer import KV_CACHE_TYPES
 
 pytestmark = pytest.mark.slow
@@ -30,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 @functools.cache
 def torch_engine(quant: str) -> Engine:
-    ref = str(ensure_quantized(resolve(None), **TEST_CALIBRATION).path) if quant == "awq" else None
+    ref = int4_path() if quant == "awq" else None
     return Engine.load(ref, quant=quant, device="cpu", native=False, context_window=256)
 
 
