@@ -724,6 +724,10 @@ MUTANTS: list[Mutant] = [
            '_os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")\n',
            "",
            ("tests/test_importing_parley_asks_for_huge_pages.py",)),
+    Mutant("gptq-error-stays-out-of-its-block", "models/quantize/gptq.py",
+           "            wb[j:].sub_(torch.outer(hb[j, j:], e))\n",
+           "",
+           ("tests/test_gptq_matches_the_column_by_column_reference.py",)),
 ]
 
 

@@ -37,25 +37,28 @@ def gptq_round(w: Tensor, h: Tensor, group_size: int, bounds: Bounds | None = No
     col_scale, col_zero = col_scale[:, order], col_zero[:, order]
     h.diagonal().add_(damp * h.diagonal().mean())
     hinv = upper_cholesky_of_inverse(h)  # row j: how column j's error spreads over the later columns
-    q = torch.empty_like(w, dtype=torch.int32)
+    q = torch.empty_like(w)
     # Columns a small block at a time: inside a block each column's error updates the block's later columns (a
     # rank-1 update in place), and the block's errors reach every later column in one product. 32 rather than
-    # the reference's 128: on a CPU the in-block updates are elementwise work, the product is not.
+    # the reference's 128: on a CPU the in-block updates are elementwise work, the product is not. The block's
+    # columns are the rows of transposed copies, each step writing in place into views made once a block:
+    # ~10 small ops a column where views and temporaries made ~20 (the loop 1.3-1.5x faster on the embedded
+    # model's linears). The rank-1 update is a product, then a subtraction: `addr_` fuses the two in its scalar
+    # tail only, so its bits depend on the layout.
     for b0 in range(0, in_f, block):
         b1 = min(b0 + block, in_f)
-        wb = w[:, b0:b1].clone()
-        err = torch.empty_like(wb)
-        for j in range(b1 - b0):
-            c = b0 + j
-            col = wb[:, j]
-            qc = (torch.round(col / col_scale[:, c]) + col_zero[:, c]).clamp(0, MAX_INT)
-            q[:, c] = qc.to(torch.int32)
-            e = (col - (qc - col_zero[:, c]) * col_scale[:, c]) / hinv[c, c]
-            wb[:, j:].addr_(e, hinv[c, c:b1], alpha=-1)
-            err[:, j] = e
-        w[:, b1:] -= err @ hinv[b0:b1, b1:]
+        wb, qb, err = w[:, b0:b1].T.contiguous(), torch.empty(b1 - b0, out_f), torch.empty(b1 - b0, out_f)
+        hb = hinv[b0:b1, b0:b1]
+        scale, zero = col_scale[:, b0:b1].T.contiguous(), col_zero[:, b0:b1].T.contiguous()
+        for j, (col, qc, e, s, z) in enumerate(zip(wb, qb, err, scale, zero, strict=True)):
+            torch.div(col, s, out=qc).round_().add_(z).clamp_(0, MAX_INT)
+            torch.sub(qc, z, out=e).mul_(s)
+            torch.sub(col, e, out=e).div_(hb[j, j])
+            wb[j:].sub_(torch.outer(hb[j, j:], e))
+        q[:, b0:b1] = qb.T
+        w[:, b1:] -= err.T @ hinv[b0:b1, b1:]
     inverse = torch.argsort(order)
-    return q[:, inverse].contiguous(), scales, zeros
+    return q[:, inverse].to(torch.int32), scales, zeros
 
 
 def upper_cholesky_of_inverse(h: Tensor) -> Tensor:
