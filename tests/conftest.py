@@ -50,8 +50,9 @@ def _isolated_dirs(tmp_path_factory, monkeypatch):
 
 # The longest files (measured, --durations) start first: `--dist loadfile` hands files to workers in
 # collection order, and a long file collected last keeps one worker busy while the other idles. The first builds
-# the test INT4 model (~60 s of one core); the next three need none, so the other worker runs them meanwhile
-# instead of waiting for that build; then the rest of the INT4 files, then the rest by length.
+# the test INT4 model (~110 s of one core, once a run: real_engines.int4_path); the next three need none, so the
+# other worker runs them meanwhile instead of waiting for that build; then the rest of the INT4 files, then the
+# rest by length.
 LONGEST_FIRST = [
     "test_batch_invariance_real_model.py", "test_triton_int4_matches_reference.py",
     "test_gemma3_gguf_greedy_matches_transformers.py", "test_native_portable_loops.py",
