@@ -101,3 +101,21 @@ def test_a_large_vocabulary_scores_some_positions_and_still_learns(monkeypatch):
     assert tuned.lm_head is tuned.embed_tokens or isinstance(tuned.lm_head, torch.nn.Linear), f"seed {SEED}"
     before, after = divergence(plain, teacher, tokens), divergence(tuned, teacher, tokens)
     assert after < 0.9 * before, f"seed {SEED}: KL {before:.4f} -> {after:.4f}"
+
+
+def test_sequences_taken_in_turn_tune_what_they_tune_together(monkeypatch):
+    """Past LOGITS_BUDGET a step's sequences go through the model one after another (a 262k vocabulary's logits
+    for four sequences would be 1 GiB): their gradients add up to the step's, so the scales and norms end where
+    the step taking them at once leaves them, up to the float order of the sums."""
+    from parley.models.quantize import distill as distill_module
+
+    tokens = torch.randint(0, 256, (8, 48), generator=torch.Generator().manual_seed(SEED))
+    together, _, _ = quantized(True, tokens)
+    monkeypatch.setattr(distill_module, "LOGITS_BUDGET", 48 * 259)  # one sequence's logits at a time
+    in_turn, _, _ = quantized(True, tokens)
+    pairs = [(a.scales.float(), b.scales.float()) for (_, _, a), (_, _, b) in
+             zip(decoder_linears(together), decoder_linears(in_turn), strict=True)]
+    pairs += [(a.weight, b.weight) for a, b in zip(together.modules(), in_turn.modules(), strict=True)
+              if isinstance(a, RMSNorm)]
+    moved = [(b - a).abs().max().item() for a, b in pairs]
+    assert max(moved) < 1e-4, f"seed {SEED}: the largest difference {max(moved):.2e}"
