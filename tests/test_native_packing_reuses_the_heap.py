@@ -28,6 +28,8 @@ import pytest
 
 from parley.kernels import native
 
+ROUNDS = 16  # matrices packed one after another in each process
+
 
 class _MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
@@ -50,8 +52,6 @@ def _mmapped_by(n: int) -> int:
     del t
     return grown
 
-
-ROUNDS = 16
 
 
 def _kept_on_free(n: int) -> None:
