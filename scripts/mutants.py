@@ -732,6 +732,14 @@ MUTANTS: list[Mutant] = [
            "            wb[j:].sub_(torch.outer(hb[j, j:], e))\n",
            "",
            ("tests/test_gptq_matches_the_column_by_column_reference.py",)),
+    Mutant("bench-held-out-pick-sees-its-own-repeat", "bench/speculative.py",
+           "median([t for i, t in enumerate(fixed[m]) if i != r])",
+           "median(fixed[m])",
+           ("tests/test_bench_auto_vs_best_fixed_is_held_out.py",)),
+    Mutant("bench-held-out-ratio-across-repeats", "bench/speculative.py",
+           "ratios.append(auto[r] / max(fixed[pick][r], 1e-9))",
+           "ratios.append(auto[r] / max(median(fixed[pick]), 1e-9))",
+           ("tests/test_bench_auto_vs_best_fixed_is_held_out.py",)),
 ]
 
 

@@ -69,9 +69,11 @@ def test_documents_suite_json_per_document_median_and_worst(monkeypatch, capsys,
     for doc in out["documents"].values():
         assert doc["prompt_tokens"] <= 300 + 60  # cut to the budget (plus the prompt and the chat template)
         assert set(doc["modes"]) == {"plain", "prompt_lookup", "suffix", "suffix_tree", "auto"}
-        assert {"vs_plain", "tokens_per_pass", "vs_best_fixed"} <= set(doc["modes"]["auto"])
+        assert {"vs_plain", "tokens_per_pass", "vs_best_fixed", "vs_best_fixed_held_out"} <= set(doc["modes"]["auto"])
+        assert all(len(r["tok_s_runs"]) == 1 for r in doc["modes"].values())
     for label in ("median", "worst"):
         assert {"tok_s", "vs_plain", "tokens_per_pass"} <= set(out["summary"][label]["suffix"])
+        assert "vs_best_fixed_held_out" in out["summary"][label]["auto"]
     # and as a table: a row per prompt, then the median and the worst
     args = p.parse_args(["--documents", str(tmp_path), "--prompt-budget", "300", "--new-tokens", "8", "--peer", "none"])
     assert bench_speculative.run(args) == 0
