@@ -32,6 +32,7 @@ PUBLIC_PROMPT = ("What does this licence let me do with the software, and what d
                  "Go through it section by section.\n\n")
 MODES = {"plain": "off", "prompt_lookup": "prompt-lookup", "suffix": "suffix", "suffix_tree": "suffix-tree",
          "auto": "auto"}
+FIXED = ("prompt_lookup", "suffix", "suffix_tree")  # the fixed drafters `auto` is set against
 PEERS = Path.home() / ".cache" / "parley-peers"
 PASS_TOKENS = (1, 2, 3, 5, 9, 17)
 
@@ -279,9 +280,6 @@ def suite_results(engine, drafts: dict, peer, args: argparse.Namespace) -> dict:
                              if all(key in r for r in rs)}
         results["summary"][label] = row
     return results
-
-
-FIXED = ("prompt_lookup", "suffix", "suffix_tree")
 
 
 def held_out_ratio(auto: list[float], fixed: dict[str, list[float]]) -> float:
