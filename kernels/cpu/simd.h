@@ -2,12 +2,13 @@
 // build targets, bf16 / fp16 conversions, horizontal sums, the softmax's exp polynomial, aligned scratch.
 //
 // Three flavours, by what the compiler may target (-march=native; `parley_simd` says which): AVX-512 VNNI
-// (PARLEY_VNNI), AVX2 + FMA + F16C (PARLEY_AVX2: CPUs without AVX-512, most laptops) and portable loops. The
-// AVX2 flavour computes the VNNI path's values bit for bit: the same exact int32 sum per activation block (its
-// `vpmaddubsw` int16 pairs cannot saturate, see q4_tile in products.h), the same float operations in the same
-// order, its 16-lane sums and trees on two 8-lane halves (tests/test_native_portable_loops.py compares the two
-// builds' logits); a change to one's float arithmetic is a change to the other's. The portable loops compute the
-// same quantities in other orders.
+// (PARLEY_VNNI; on CPUs with AMX its INT4 products of 16 positions or more run as tile multiplies: PARLEY_AMX),
+// AVX2 + FMA + F16C (PARLEY_AVX2: CPUs without AVX-512, most laptops) and portable loops. The AMX products and
+// the AVX2 flavour compute the VNNI path's values bit for bit: the same exact int32 sum per activation block
+// (AVX2's `vpmaddubsw` int16 pairs cannot saturate, see q4_tile in products.h), the same float operations in the
+// same order, AVX2's 16-lane sums and trees on two 8-lane halves (tests/test_native_portable_loops.py compares
+// the builds' logits); a change to one's float arithmetic is a change to the others'. The portable loops compute
+// the same quantities in other orders.
 //
 // The kernels under kernels/cpu/ are headers of one translation unit (models/native_forward.cpp includes them
 // in dependency order: simd, profile, products, rows, attention, tree, attention_plan, abi), so the compiler sees
@@ -33,6 +34,16 @@
 #else
 #define PARLEY_VNNI 0
 #define PARLEY_AVX2 0
+#endif
+// AMX (Intel Sapphire Rapids and later): the VNNI flavour's integer products of 16 positions or more run as
+// tile multiplies, the same exact int32 sums (products.h, "AMX"). Used once the kernel lets this process use
+// the tile registers (`amx_ready`); without that, or with -mno-amx-int8, the VNNI loops run.
+#if PARLEY_VNNI && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define PARLEY_AMX 1
+#else
+#define PARLEY_AMX 0
 #endif
 
 static inline float bf16_to_f32(uint16_t h) {
