@@ -158,11 +158,23 @@ static inline int32_t load_i32(const int8_t* p) {
 // INT4 weights stream from memory once per pass: each vector loaded asks for the one this far ahead (the blocks
 // of a thread's columns are contiguous, so it runs on into the next block). 4 KB ahead runs faster than 2, and
 // 8 or 16 no faster (docs/cpu-step.md, "Tried and not kept"). The int8 head a block at a time runs slower with
-// it, so q8_block has none; its pair tiles (more arithmetic per byte) prefetch the next pair.
-// A 1-position block (decode) asks for none: there the hardware prefetcher alone streams a thread's blocks
-// faster (8-12% on a 1-thread 1B or 8B decode, the same on 2 threads), while 4 positions run 35% slower
-// without it on the down projection.
+// it, so q8_block has none at 2 positions or more; its pair tiles (more arithmetic per byte) prefetch the next
+// pair. A 1-position block (decode) asks for none into L1: on AMD Zen 4 the hardware prefetcher alone streams a
+// thread's blocks faster (8-12% on a 1-thread 1B or 8B decode, the same on 2 threads), while 4 positions run
+// 35% slower without it on the down projection.
 constexpr int PREFETCH_BYTES = 4096;
+
+// A decode step (1 position) on an Intel CPU, INT4 and the int8 head, asks for each vector's successor 8 KB
+// ahead into L2: its cores stream much more of the read bandwidth with it (a 2-core Xeon with AMX: the 8B
+// shape's products 28-29 against 24 GB/s on two threads, the 1B shape's decode 37.5 against 31 tok/s; into L1
+// instead, no gain; docs/performance-sizes.md). On AMD Zen 4 neither pays (L2 prefetches: no gain on two
+// threads, slower on one; docs/cpu-step.md, "Tried and not kept"), so there the hardware prefetcher streams
+// decode alone.
+constexpr int DECODE_PREFETCH_BYTES = 8192;
+static bool decode_l2_prefetch() {
+    static const bool intel = __builtin_cpu_is("intel");
+    return intel;
+}
 
 template <int R, int AB>
 static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y, int ldy) {
@@ -177,6 +189,7 @@ static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y
     const uint8_t* Z = L->z + (size_t)nb * ng * 16;
     const uint16_t* Mn = L->m16 ? L->m16 + (size_t)nb * ng * 16 : nullptr;
     const __m512i hi = _mm512_set1_epi8((char)0xf0);
+    const bool l2_prefetch = R == 1 && decode_l2_prefetch();
     __m512 acc[R];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     // the group's -16 z as int16 in the low half of each lane, and its s / 16 (exact); for each half of the
@@ -214,6 +227,7 @@ static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y
 #pragma GCC unroll 8
             for (int t = 0; t < 8; t++) {
                 if constexpr (R > 1) _mm_prefetch((const char*)(w + PREFETCH_BYTES + t * 64), _MM_HINT_T0);
+                else if (l2_prefetch) _mm_prefetch((const char*)(w + DECODE_PREFETCH_BYTES + t * 64), _MM_HINT_T1);
                 const __m512i v = _mm512_loadu_si512((const void*)(w + t * 64));
                 const __m512i l = _mm512_and_si512(_mm512_slli_epi16(v, 4), hi), h = _mm512_and_si512(v, hi);
                 for (int r = 0; r < R; r++) {
@@ -229,6 +243,7 @@ static inline void q4_block(const Lin* L, int nb, const Act* a, int m0, float* y
         } else {
             for (int t = 0; t < 8; t++) {
                 if constexpr (R > 1) _mm_prefetch((const char*)(w + PREFETCH_BYTES + t * 64), _MM_HINT_T0);
+                else if (l2_prefetch) _mm_prefetch((const char*)(w + DECODE_PREFETCH_BYTES + t * 64), _MM_HINT_T1);
                 const __m512i v = _mm512_loadu_si512((const void*)(w + t * 64));
                 const __m512i l = _mm512_and_si512(_mm512_slli_epi16(v, 4), hi), h = _mm512_and_si512(v, hi);
                 for (int r = 0; r < R; r++) {
@@ -344,6 +359,7 @@ static inline void q8_block(const Lin* L, int nb, const Act* a, int m0, float* y
     const int K = L->K, nc = K / 64;
     constexpr int P = R < 4 ? 2 : 1;
     const uint8_t* wq = L->q + (size_t)nb * nc * 1024;
+    const bool l2_prefetch = R == 1 && decode_l2_prefetch();
     __m512 acc[R];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int ci = 0; ci < nc; ci++) {
@@ -353,6 +369,7 @@ static inline void q8_block(const Lin* L, int nb, const Act* a, int m0, float* y
             for (int r = 0; r < R; r++)
                 for (int p = 0; p < P; p++) ib[r][p] = _mm512_setzero_si512();
             for (int t = 0; t < 8; t++) {
+                if (l2_prefetch) _mm_prefetch((const char*)(w + DECODE_PREFETCH_BYTES + (half * 8 + t) * 64), _MM_HINT_T1);
                 const __m512i v = _mm512_loadu_si512((const void*)(w + (half * 8 + t) * 64));
                 for (int r = 0; r < R; r++) {
                     const int8_t* x = a->q + (size_t)(m0 + r) * K + ci * 64 + half * 32 + 4 * t;
