@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 from statistics import median
 
 import torch
@@ -165,13 +167,76 @@ def shared_tuner() -> ThreadTuner:
 
 
 def start_count(cores: int, load: float | None = None) -> int:
-    """Threads for the first passes, before any step was timed: the cores other processes leave free (the
-    1-minute load average), at least one. The first prompt is read before decode steps can be timed, and on
-    a 2-core machine with one busy process a 2-thread prefill of a short prompt took 1.8 s against 0.035 s on
-    one thread; the tuner's first probe, at the first decode step, still tries every count."""
+    """Threads for the first passes, before any step was timed: the cores other processes leave free, at least
+    one. The first prompt is read before decode steps can be timed, and on a 2-core machine with one busy
+    process a 2-thread prefill of a short prompt took 1.8 s against 0.035 s on one thread; the tuner's first
+    probe, at the first decode step, still tries every count.
+
+    `load`: how many cores others keep busy; by default what they used while this process started
+    (`others_busy`), else the 1-minute load average. That average lags by a minute: right after another
+    program ended it still reads ~1.5 on an idle machine, and the first prompt (a benchmark's prefill) then
+    ran on one thread at half speed."""
+    if load is None:
+        load = others_busy()
     if load is None:
         try:
             load = os.getloadavg()[0]
         except (AttributeError, OSError):  # not available on this platform
             return cores
     return max(1, min(cores, cores - int(load + 0.5)))
+
+
+def cpu_ticks(stat: str, cpus: set[int]) -> tuple[int, int]:
+    """(busy, all) clock ticks of the CPUs `cpus` in a /proc/stat text. Busy: user, nice, system, irq, softirq
+    and steal (a hypervisor running someone else on the CPU); idle and iowait are not."""
+    busy = total = 0
+    for line in stat.splitlines():
+        name, _, rest = line.partition(" ")
+        if not name.startswith("cpu") or not name[3:].isdigit() or int(name[3:]) not in cpus:
+            continue
+        f = [int(x) for x in rest.split()[:8]]
+        f += [0] * (8 - len(f))
+        busy += f[0] + f[1] + f[2] + f[5] + f[6] + f[7]
+        total += sum(f)
+    return busy, total
+
+
+@dataclass
+class Mark:
+    """The machine's and this process's CPU time at one moment (`mark`)."""
+
+    wall: float
+    ticks: tuple[int, int]
+    own: float  # this process's user + system seconds
+
+
+def mark(read: Callable[[], str] | None = None) -> Mark | None:
+    """Now, for `others_busy`; None where /proc/stat cannot be read (not Linux)."""
+    try:
+        stat = (read or _read_stat)()
+        cpus = os.sched_getaffinity(0)
+    except (OSError, AttributeError):
+        return None
+    t = os.times()
+    return Mark(time.monotonic(), cpu_ticks(stat, cpus), t.user + t.system)
+
+
+def _read_stat() -> str:
+    with open("/proc/stat") as f:
+        return f.read()
+
+
+_STARTED = mark()  # as the engine's modules are imported: the window runs through loading the model
+
+
+def others_busy(since: Mark | None = None, now: Mark | None = None, hz: int | None = None) -> float | None:
+    """How many of this process's cores other processes kept busy between `since` (default: this module's
+    import) and `now`: the CPUs' busy ticks less this process's own CPU time, over the wall time. None where
+    that cannot be read or the window is under 0.2 s (a few 10 ms ticks say nothing)."""
+    since = since or _STARTED
+    now = now or mark()
+    if since is None or now is None or now.wall - since.wall < 0.2:
+        return None
+    hz = hz or os.sysconf("SC_CLK_TCK")
+    busy = (now.ticks[0] - since.ticks[0]) / hz - (now.own - since.own)
+    return max(0.0, busy / (now.wall - since.wall))

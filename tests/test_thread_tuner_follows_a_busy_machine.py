@@ -95,11 +95,47 @@ def test_the_first_steps_probe_and_every_engine_shares_what_was_learnt(calls: li
 
 
 def test_first_passes_leave_the_busy_cores_to_others():
-    """Before any step is timed, the count is the cores the load average leaves free (at least one)."""
+    """Before any step is timed, the count is the cores other processes leave free (at least one)."""
     assert [threads.start_count(2, load) for load in (0.0, 0.4, 0.6, 1.2, 3.0)] == [2, 2, 1, 1, 1]
     assert threads.start_count(8, 2.0) == 6
     assert threads.ThreadTuner(candidates=[1, 2], start=1).current == 1
     assert threads.ThreadTuner(candidates=[1, 2], start=None).current == 2
+
+
+STAT = """cpu  900 0 300 5000 40 0 0 0 0 0
+cpu0 {u0} 0 {s0} 2500 20 {i0} 0 {st0} 0 0
+cpu1 {u1} 0 100 2500 {w1} 0 0 0 0 0
+cpu7 100000 0 0 0 0 0 0 0 0 0
+intr 12345 0 0
+"""
+
+
+def stat(u0=0, s0=0, i0=0, st0=0, u1=0, w1=0) -> str:
+    return STAT.format(u0=u0, s0=s0, i0=i0, st0=st0, u1=u1, w1=w1)
+
+
+def test_busy_ticks_count_the_process_cpus_only_and_not_idle_or_iowait():
+    busy, total = threads.cpu_ticks(stat(u0=10, s0=5, i0=2, st0=3, u1=7, w1=50), {0, 1})
+    assert busy == 10 + 5 + 2 + 3 + 7 + 100  # cpu1's system time too; iowait and idle are not busy
+    assert total == busy + 2500 + 20 + 2500 + 50
+    assert threads.cpu_ticks(stat(), {0})[0] == 0  # cpu7 (outside the set) and the summary line are not read
+
+
+def test_first_passes_follow_what_others_used_while_this_process_started_not_the_lagging_average():
+    """The 1-minute load average still reads ~1.5 a minute after another program ended; what other processes
+    used while this one imported and loaded says whether they still run."""
+    hz = 100
+    before = threads.Mark(wall=10.0, ticks=threads.cpu_ticks(stat(), {0, 1}), own=1.0)
+    # 2 s later: this process used 1.5 s of CPU (150 ticks), another process 2 s (a core, all along)
+    mine_only = threads.Mark(wall=12.0, ticks=threads.cpu_ticks(stat(u0=150), {0, 1}), own=2.5)
+    with_other = threads.Mark(wall=12.0, ticks=threads.cpu_ticks(stat(u0=150, u1=200), {0, 1}), own=2.5)
+    assert threads.others_busy(before, mine_only, hz) == pytest.approx(0.0)
+    assert threads.others_busy(before, with_other, hz) == pytest.approx(1.0)
+    too_soon = threads.Mark(wall=10.1, ticks=with_other.ticks, own=2.5)
+    assert threads.others_busy(before, too_soon, hz) is None  # a few ticks say nothing: the average decides
+    assert threads.start_count(2, threads.others_busy(before, mine_only, hz)) == 2
+    assert threads.start_count(2, threads.others_busy(before, with_other, hz)) == 1
+    assert threads.mark(read=lambda: (_ for _ in ()).throw(OSError("no /proc"))) is None
 
 
 def probe_runs(used: list[int], current: int) -> list[int]:
