@@ -184,7 +184,8 @@ class Session:
             rows = Rows([*rest, pending, *draft], wanted=r, ready=timed)
             logits = yield rows
             if params.temperature == 0 and guess.q is None:
-                new = verify_greedy(sampling.greedy(logits, params, history=context, drafted=draft), draft, generator)
+                new = verify_greedy(sampling.greedy(logits, params, history=context, drafted=draft), draft,
+                                    generator if params.seed is not None else None)
             else:
                 new = verify(sampling.probs(logits, params, history=context, drafted=draft), draft, guess.q, generator)
             path, depth = None, len(draft)

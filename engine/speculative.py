@@ -107,12 +107,14 @@ def verify(p: Tensor, draft: list[int], q: Tensor | None, generator: torch.Gener
     return out
 
 
-def verify_greedy(best: list[int], draft: list[int], generator: torch.Generator) -> list[int]:
+def verify_greedy(best: list[int], draft: list[int], generator: torch.Generator | None) -> list[int]:
     """`verify` at temperature 0 for deterministic guesses, from each row's argmax (`sampling.greedy`): the same
-    tokens (one-hot rows draw their argmax) and the same draws from `generator`, one per emitted token."""
+    tokens (one-hot rows draw their argmax) and the same draws from `generator`, one per emitted token (None:
+    no draws, for a reply whose generator nobody can replay: one without a seed)."""
     out: list[int] = []
     for i, x in enumerate(best[: len(draft) + 1]):
-        uniform(generator)
+        if generator is not None:
+            uniform(generator)
         out.append(x)
         if i == len(draft) or x != draft[i]:
             break

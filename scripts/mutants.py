@@ -607,6 +607,10 @@ MUTANTS: list[Mutant] = [
            '"lm_head.weight": _rows_rotated(head, q)})',
            ("tests/test_quantize_answers_are_the_fp_models.py",)),
     # -- the thread tuner beside a busy core --
+    Mutant("greedy-draws-skipped-when-seeded", "engine/session.py",
+           "generator if params.seed is not None else None)",
+           "None)",
+           ("tests/test_greedy_verification_equals_one_hot_sampling.py",)),
     Mutant("start-count-own-cpu-counted-as-others", "engine/threads.py",
            "busy = (now.ticks[0] - since.ticks[0]) / hz - (now.own - since.own)",
            "busy = (now.ticks[0] - since.ticks[0]) / hz",

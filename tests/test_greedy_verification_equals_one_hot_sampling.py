@@ -56,3 +56,32 @@ def test_greedy_verification_emits_and_draws_what_one_hot_sampling_does(seed: in
         assert got == want, f"seed {seed}: draft {draft}, one-hot sampling {want}, greedy {got}"
         assert torch.rand(3, generator=g1).tolist() == torch.rand(3, generator=g2).tolist(), (
             f"seed {seed}: the greedy path drew the generator differently")
+
+
+def test_a_seeded_reply_raised_from_greedy_samples_what_it_would_after_near_greedy_rounds() -> None:
+    """End to end: a seeded reply's greedy rounds draw from its generator as sampled rounds do (one draw a token),
+    so raising its temperature after three greedy tokens samples what it samples after three tokens at a
+    temperature so low that each draw lands on the argmax. (A reply without a seed skips those draws: nobody can
+    replay its generator.)"""
+    from tiny import tiny_engine
+
+    from parley.engine.events import TextDelta
+
+    eng = tiny_engine()
+    eng.tokenizer.stop_ids = frozenset()
+
+    def reply(first_temperature: float) -> list[str]:
+        eng.reset_cache()
+        live = GenerationParams(temperature=first_temperature, top_p=1.0, max_new_tokens=24, seed=11,
+                                speculation="off")
+        got: list[str] = []
+        for ev in eng.session().reply([{"role": "user", "content": "q"}], live):
+            if isinstance(ev, TextDelta):
+                got.append(ev.text)
+                if len(got) == 3:
+                    live.temperature = 2.0
+        return got
+
+    greedy, near = reply(0.0), reply(1e-3)
+    assert near[:3] == greedy[:3], "the near-greedy rounds should take the argmax (the test's premise)"
+    assert greedy == near, "after three greedy tokens the generator is not where three sampled tokens leave it"
