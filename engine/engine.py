@@ -18,7 +18,7 @@ from .scheduler import Scheduler
 from .session import Session
 from .speculation_pay import pass_cost_from_env
 from .speculative import Drafter, PromptLookup, SuffixMatch
-from .threads import shared_tuner
+from .threads import shared_tuner, start_window
 
 
 def resolve_kv_cache(kind: str | None, native: bool) -> str:
@@ -108,6 +108,7 @@ class Engine:
         from ..models.resolve import resolve
         from ..models.tokenizer import load_tokenizer
 
+        start_window()  # the first passes' thread count is judged by what others run while this loads
         dev = torch.device(device) if device else default_device()
         dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
         files = source = resolve(model_ref, progress=progress)

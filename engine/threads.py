@@ -226,14 +226,22 @@ def _read_stat() -> str:
         return f.read()
 
 
-_STARTED = mark()  # as the engine's modules are imported: the window runs through loading the model
+_window_start = mark()  # as the engine's modules are imported, and again as `Engine.load` begins (`start_window`)
+
+
+def start_window() -> None:
+    """Start the window `others_busy` reads from now (a model about to load), unless the first passes' count is
+    already set: an app that waited minutes in a screen before loading judges by the load, not by those minutes."""
+    global _window_start
+    if _shared is None:
+        _window_start = mark()
 
 
 def others_busy(since: Mark | None = None, now: Mark | None = None, hz: int | None = None) -> float | None:
-    """How many of this process's cores other processes kept busy between `since` (default: this module's
-    import) and `now`: the CPUs' busy ticks less this process's own CPU time, over the wall time. None where
-    that cannot be read or the window is under 0.2 s (a few 10 ms ticks say nothing)."""
-    since = since or _STARTED
+    """How many of this process's cores other processes kept busy between `since` (default: `start_window`'s
+    mark, else this module's import) and `now`: the CPUs' busy ticks less this process's own CPU time, over the
+    wall time. None where that cannot be read or the window is under 0.2 s (a few 10 ms ticks say nothing)."""
+    since = since or _window_start
     now = now or mark()
     if since is None or now is None or now.wall - since.wall < 0.2:
         return None

@@ -194,3 +194,17 @@ def test_a_load_that_begins_between_replies_is_seen_by_the_next_probe(calls: lis
     clock[0] += 1.0  # the pause: the next step probes
     used = run_steps(tuner, clock, {1: 8.0, 2: 40.0}, 9)
     assert used == [1] * 4 + [2] * 4 + [1] and tuner.current == 1
+
+
+def test_loading_a_model_starts_the_window_unless_the_count_is_already_set(monkeypatch: pytest.MonkeyPatch):
+    """An app that sat minutes in a screen judges the machine by what runs while the model loads; once the
+    process's tuner exists (a second engine), its count stands and the window is not moved."""
+    old = threads.Mark(wall=0.0, ticks=(0, 0), own=0.0)
+    monkeypatch.setattr(threads, "_window_start", old)
+    monkeypatch.setattr(threads, "_shared", threads.ThreadTuner([1, 2]))
+    threads.start_window()
+    assert threads._window_start is old
+    monkeypatch.setattr(threads, "_shared", None)
+    threads.start_window()
+    if threads.mark() is not None:  # Linux
+        assert threads._window_start is not old and threads._window_start.wall > 0.0
