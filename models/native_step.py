@@ -19,7 +19,6 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import replace
-from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -449,10 +448,7 @@ class NativeStep:
         if rc != 0:
             raise ValueError(f"a pass of {len(parts)} sequences: positions exceed a cache or the model's "
                              f"{self.config.max_seq_len} positions (code {rc})")
-        if len(parts) == 1:
-            return [out]
-        ends = list(accumulate(len(p[1]) - p[4] for p in parts))
-        return [out[a:b] for a, b in zip([0, *ends], ends, strict=False)]
+        return [out] if len(parts) == 1 else list(out.split([len(p[1]) - p[4] for p in parts]))
 
     def move_slots(self, cache: KVCache, src: list[int], dst: list[int]) -> None:
         """Copy the K/V of slots src[i] to dst[i] in order, every layer (a tree's accepted path into place)."""
